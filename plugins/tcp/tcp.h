@@ -1,0 +1,149 @@
+/*
+ * tcp.h: internals of the tcp backend (CPU, sockets). Layering:
+ *   tcp_backend.c  the ops table, request queue (post/test/wait), abort;
+ *   tcp_conn.c     the listener and the full mesh of authenticated links;
+ *   tcp_engine.c   the framed transfer engine: several sends and receives to
+ *                  different peers progressed together under one poll(),
+ *                  with deadline, abort, death and mismatch detection;
+ *   tcp_algos.c    the collective algorithms written on the engine.
+ * Only dcomm_plugin.h and dcomm.h are included from the core.
+ */
+#ifndef DCOMM_TCP_H
+#define DCOMM_TCP_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dcomm_plugin.h"
+
+/* Log levels and subsystem numbers as the core defines them. */
+#define TCP_LOG_WARN 1
+#define TCP_LOG_INFO 2
+#define TCP_LOG_DEBUG 3
+#define TCP_SUBSYS 2 /* "tcp" */
+
+#define TCP_LOG(ctx, lvl, ...)                                                  \
+  do {                                                                          \
+    if ((ctx)->host->log_enabled(TCP_LOG_##lvl, TCP_SUBSYS))                    \
+      (ctx)->host->log(TCP_LOG_##lvl, TCP_SUBSYS, __VA_ARGS__);                 \
+  } while (0)
+
+#define TCP_CHECK(call)                                                         \
+  do {                                                                          \
+    int tcp__rc = (call);                                                       \
+    if (tcp__rc < 0) return tcp__rc;                                            \
+  } while (0)
+
+enum tcp_frame_type { TCP_F_DATA = 1, TCP_F_P2P, TCP_F_ABORT, TCP_F_BYE };
+
+/* Every message starts with this header (host byte order: one cluster
+ * shares one architecture). The signature fields let the receiver detect
+ * mismatched collectives; len is checked against what it expects. */
+struct tcp_hdr {
+  uint32_t magic;
+  uint8_t type, coll, dtype, op;
+  int32_t root; /* root, or the tag for TCP_F_P2P, or the error for ABORT */
+  uint32_t reserved;
+  uint64_t seq;
+  uint64_t count;
+  uint64_t len; /* payload bytes that follow */
+};
+#define TCP_MAGIC 0x44434652u /* "DCFR" */
+#define TCP_MAX_ABORT_MSG 512
+
+struct tcp_uq; /* a queued unexpected p2p message */
+
+struct tcp_peer {
+  int fd;
+  int departed; /* sent BYE: finalized cleanly */
+  int closed;   /* saw EOF */
+  int mid_send; /* a send stopped inside a frame: no ABORT can follow */
+  int watch_off; /* pending data ahead of anything else: stop watching */
+  struct tcp_hdr hdr; /* header being read / read but not consumed */
+  size_t hgot;        /* bytes of hdr read so far */
+  int have_hdr;       /* hdr complete and not yet consumed */
+  struct tcp_uq *uq_head, *uq_tail;
+};
+
+struct tcp_parked {
+  int fd;
+  uint64_t comm_id;
+  uint32_t rank, size;
+};
+
+struct tcp_ctx {
+  const struct dcomm_host *host;
+  int lfd, port;
+  char (*addrs)[80]; /* "ip:port" of every world rank, loaded once */
+  struct tcp_parked *parked;
+  int nparked, cparked;
+  size_t chunk, small, bufsize;
+  int check_mismatch;
+  int algo; /* 0 auto, 1 ring, 2 recursive doubling */
+};
+
+struct tcp_req;
+
+struct tcp_comm {
+  struct tcp_ctx *ctx;
+  uint64_t id;
+  int rank, size;
+  const int *world_ranks_ref; /* not owned; copied below */
+  int *world_ranks;
+  struct tcp_peer *peers; /* size entries; peers[rank].fd = -1 */
+  char label[32];
+  int abort_fd;        /* eventfd: readable once aborted */
+  atomic_int error;    /* first error that broke the comm, or 0 */
+  char errmsg[TCP_MAX_ABORT_MSG];
+  int abort_sent;
+  void *stage[2];      /* chunk-sized staging buffers for reduce receives */
+  void *tmp;           /* scratch for algorithms */
+  size_t tmp_cap;
+  /* request queue (tcp_backend.c) */
+  pthread_mutex_t qlock;
+  pthread_cond_t qcond;
+  struct tcp_req *qhead, *qtail;
+  int executing, worker_started, worker_stop;
+  pthread_t worker;
+};
+
+/* tcp_conn.c */
+int tcp_listen_and_publish(struct tcp_ctx *ctx);
+int tcp_connect_mesh(struct tcp_ctx *ctx, struct tcp_comm *c, double deadline);
+void tcp_close_parked(struct tcp_ctx *ctx);
+
+/* tcp_engine.c */
+struct tcp_xop {
+  int peer;
+  int is_send;
+  int reduce;         /* receive: reduce into buf instead of copying */
+  const void *sbuf;   /* send payload */
+  void *rbuf;         /* receive destination */
+  size_t len;         /* payload bytes */
+  /* progress (engine-private) */
+  size_t done;        /* sends: header+payload bytes sent; receives: payload bytes */
+  size_t reduced;     /* receives in reduce mode: bytes already reduced */
+  int stage_idx;
+  int hdr_ok;         /* receives: the header was checked and accepted */
+  int complete;
+  struct tcp_hdr hdr; /* sends: the header to send */
+};
+/* Runs sends/receives concurrently until all complete. The collective's
+ * signature (coll, dtype, op, root, seq, count) comes from a. */
+int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_coll_args *a);
+/* Breaks the comm with err and msg (first error wins), tells the peers. */
+int tcp_fail(struct tcp_comm *c, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int tcp_p2p_send(struct tcp_comm *c, const struct dcomm_coll_args *a);
+int tcp_p2p_recv(struct tcp_comm *c, const struct dcomm_coll_args *a);
+void tcp_peer_free_queue(struct tcp_peer *p);
+/* Clean goodbye on every link (BYE + shutdown + drain); then close. */
+void tcp_close_links(struct tcp_comm *c);
+
+/* tcp_algos.c */
+int tcp_run_coll(struct tcp_comm *c, const struct dcomm_coll_args *a);
+/* Scratch buffer of at least len bytes owned by the comm. */
+void *tcp_scratch(struct tcp_comm *c, size_t len);
+
+#endif

@@ -1,0 +1,272 @@
+/*
+ * tcp_algos.c: the collective algorithms of the tcp backend, each a
+ * sequence of tcp_xfer steps:
+ *   all_reduce      recursive doubling for small messages (latency), ring
+ *                   reduce-scatter + all-gather for large ones (bandwidth);
+ *                   every rank ends with bit-identical results;
+ *   reduce          binomial tree into the root (receives reduce in place);
+ *   broadcast       binomial tree from the root;
+ *   all_gather      ring; reduce_scatter: ring; gather / scatter / all_to_all:
+ *                   direct exchanges progressed together; barrier:
+ *                   dissemination.
+ */
+#include "config.h"
+#include "tcp.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void *tcp_scratch(struct tcp_comm *c, size_t len) {
+  if (len <= c->tmp_cap) return c->tmp;
+  void *p = realloc(c->tmp, len);
+  if (!p) return NULL;
+  c->tmp = p;
+  c->tmp_cap = len;
+  return p;
+}
+
+static int mod(int a, int n) { return ((a % n) + n) % n; }
+
+/* Element range of segment i when count elements are cut into n pieces. */
+static void seg(size_t count, int n, int i, size_t *off, size_t *cnt) {
+  size_t base = count / (size_t)n, rem = count % (size_t)n, ui = (size_t)i;
+  *off = ui * base + (ui < rem ? ui : rem);
+  *cnt = base + (ui < rem ? 1 : 0);
+}
+
+static int exchange(struct tcp_comm *c, const struct dcomm_coll_args *a, int to, const void *sbuf, size_t slen,
+                    int from, void *rbuf, size_t rlen, int reduce) {
+  struct tcp_xop ops[2] = {{.peer = to, .is_send = 1, .sbuf = sbuf, .len = slen},
+                           {.peer = from, .rbuf = rbuf, .len = rlen, .reduce = reduce}};
+  return tcp_xfer(c, ops, 2, a);
+}
+
+static int send1(struct tcp_comm *c, const struct dcomm_coll_args *a, int to, const void *buf, size_t len) {
+  struct tcp_xop op = {.peer = to, .is_send = 1, .sbuf = buf, .len = len};
+  return tcp_xfer(c, &op, 1, a);
+}
+
+static int recv1(struct tcp_comm *c, const struct dcomm_coll_args *a, int from, void *buf, size_t len, int reduce) {
+  struct tcp_xop op = {.peer = from, .rbuf = buf, .len = len, .reduce = reduce};
+  return tcp_xfer(c, &op, 1, a);
+}
+
+static int oom(struct tcp_comm *c) { return tcp_fail(c, DCOMM_ENOMEM, "tcp %s: out of memory for scratch", c->label); }
+
+static void finish_avg(struct tcp_comm *c, const struct dcomm_coll_args *a, void *buf, size_t count) {
+  if (a->op == DCOMM_AVG) c->ctx->host->scale_div(buf, count, a->dtype, c->size);
+}
+
+/* Recursive doubling; non-powers of two fold the extra ranks in first. */
+static int allreduce_rd(struct tcp_comm *c, const struct dcomm_coll_args *a) {
+  const struct dcomm_host *h = c->ctx->host;
+  size_t es = dcomm_dtype_size(a->dtype), len = a->count * es;
+  int n = c->size, r = c->rank, p = 1;
+  while (p * 2 <= n) p *= 2;
+  int rem = n - p;
+  char *buf = a->recvbuf;
+  char *tmp = tcp_scratch(c, len ? len : 1);
+  if (!tmp) return oom(c);
+  int vr;
+  if (r < 2 * rem) {
+    if (r % 2 == 0) {
+      TCP_CHECK(send1(c, a, r + 1, buf, len));
+      vr = -1;
+    } else {
+      TCP_CHECK(recv1(c, a, r - 1, buf, len, 1));
+      vr = r / 2;
+    }
+  } else {
+    vr = r - rem;
+  }
+  if (vr >= 0) {
+    for (int mask = 1; mask < p; mask <<= 1) {
+      int vpeer = vr ^ mask;
+      int peer = vpeer < rem ? vpeer * 2 + 1 : vpeer + rem;
+      TCP_CHECK(exchange(c, a, peer, buf, len, peer, tmp, len, 0));
+      /* Every op is commutative, so both partners compute the same bits. */
+      h->reduce(buf, tmp, a->count, a->dtype, a->op);
+    }
+  }
+  if (r < 2 * rem) {
+    if (r % 2 == 0) TCP_CHECK(recv1(c, a, r + 1, buf, len, 0));
+    else TCP_CHECK(send1(c, a, r - 1, buf, len));
+  }
+  finish_avg(c, a, buf, a->count);
+  return 0;
+}
+
+/* Ring: reduce-scatter so that rank r owns segment r+1, then all-gather. */
+static int allreduce_ring(struct tcp_comm *c, const struct dcomm_coll_args *a) {
+  size_t es = dcomm_dtype_size(a->dtype);
+  int n = c->size, r = c->rank, right = mod(r + 1, n), left = mod(r - 1, n);
+  char *buf = a->recvbuf;
+  for (int s = 0; s < n - 1; s++) {
+    size_t so, sc, ro, rc;
+    seg(a->count, n, mod(r - s, n), &so, &sc);
+    seg(a->count, n, mod(r - s - 1, n), &ro, &rc);
+    TCP_CHECK(exchange(c, a, right, buf + so * es, sc * es, left, buf + ro * es, rc * es, 1));
+  }
+  size_t oo, oc;
+  seg(a->count, n, mod(r + 1, n), &oo, &oc);
+  finish_avg(c, a, buf + oo * es, oc);
+  for (int s = 0; s < n - 1; s++) {
+    size_t so, sc, ro, rc;
+    seg(a->count, n, mod(r + 1 - s, n), &so, &sc);
+    seg(a->count, n, mod(r - s, n), &ro, &rc);
+    TCP_CHECK(exchange(c, a, right, buf + so * es, sc * es, left, buf + ro * es, rc * es, 0));
+  }
+  return 0;
+}
+
+static int allreduce(struct tcp_comm *c, const struct dcomm_coll_args *a) {
+  size_t bytes = a->count * dcomm_dtype_size(a->dtype);
+  if (c->size == 1) return 0;
+  int algo = c->ctx->algo;
+  if (algo == 0) algo = (bytes <= c->ctx->small || a->count < (size_t)c->size) ? 2 : 1;
+  if (algo == 1 && a->count < (size_t)c->size) algo = 2;
+  return algo == 1 ? allreduce_ring(c, a) : allreduce_rd(c, a);
+}
+
+/* Binomial tree on ranks relative to the root. */
+static int reduce_tree(struct tcp_comm *c, const struct dcomm_coll_args *a) {
+  size_t len = a->count * dcomm_dtype_size(a->dtype);
+  int n = c->size, vr = mod(c->rank - a->root, n);
+  char *acc = a->recvbuf; /* the root accumulates in place */
+  int copied = 0;
+  for (int mask = 1; mask < n; mask <<= 1) {
+    if (vr & mask) {
+      return send1(c, a, mod(vr - mask + a->root, n), copied ? acc : a->recvbuf, len);
+    }
+    if (vr + mask < n) {
+      if (vr != 0 && !copied) { /* a non-root must leave its buffer as it was */
+        acc = tcp_scratch(c, len ? len : 1);
+        if (!acc) return oom(c);
+        memcpy(acc, a->recvbuf, len);
+        copied = 1;
+      }
+      TCP_CHECK(recv1(c, a, mod(vr + mask + a->root, n), acc, len, 1));
+    }
+  }
+  finish_avg(c, a, a->recvbuf, a->count);
+  return 0;
+}
+
+static int bcast_tree(struct tcp_comm *c, const struct dcomm_coll_args *a) {
+  size_t len = a->count * dcomm_dtype_size(a->dtype);
+  int n = c->size, vr = mod(c->rank - a->root, n), mask = 1;
+  while (mask < n) {
+    if (vr & mask) {
+      TCP_CHECK(recv1(c, a, mod(vr - mask + a->root, n), a->recvbuf, len, 0));
+      break;
+    }
+    mask <<= 1;
+  }
+  struct tcp_xop ops[32];
+  int k = 0;
+  for (mask >>= 1; mask > 0; mask >>= 1)
+    if (vr + mask < n) ops[k++] = (struct tcp_xop){.peer = mod(vr + mask + a->root, n), .is_send = 1, .sbuf = a->recvbuf, .len = len};
+  return k ? tcp_xfer(c, ops, k, a) : 0;
+}
+
+/* Ring all-gather over blocks of blen bytes already placed at block r. */
+static int ring_gather_blocks(struct tcp_comm *c, const struct dcomm_coll_args *a, char *out, size_t blen) {
+  int n = c->size, r = c->rank;
+  for (int s = 0; s < n - 1; s++) {
+    int sb = mod(r - s, n), rb = mod(r - s - 1, n);
+    TCP_CHECK(exchange(c, a, mod(r + 1, n), out + (size_t)sb * blen, blen, mod(r - 1, n), out + (size_t)rb * blen,
+                       blen, 0));
+  }
+  return 0;
+}
+
+static int all_gather(struct tcp_comm *c, const struct dcomm_coll_args *a) {
+  size_t blen = a->count * dcomm_dtype_size(a->dtype);
+  char *out = a->recvbuf;
+  if (out + (size_t)c->rank * blen != a->sendbuf) memmove(out + (size_t)c->rank * blen, a->sendbuf, blen);
+  return ring_gather_blocks(c, a, out, blen);
+}
+
+/* Builds the op list of a direct exchange: root sends/receives all blocks. */
+static int direct(struct tcp_comm *c, const struct dcomm_coll_args *a, int gather) {
+  size_t blen = a->count * dcomm_dtype_size(a->dtype);
+  int n = c->size, r = c->rank;
+  if (r != a->root) {
+    if (gather) return send1(c, a, a->root, a->sendbuf, blen);
+    return recv1(c, a, a->root, a->recvbuf, blen, 0);
+  }
+  struct tcp_xop *ops = calloc((size_t)n, sizeof(*ops));
+  if (!ops) return oom(c);
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    if (i == r) continue;
+    if (gather) ops[k++] = (struct tcp_xop){.peer = i, .rbuf = (char *)a->recvbuf + (size_t)i * blen, .len = blen};
+    else ops[k++] = (struct tcp_xop){.peer = i, .is_send = 1, .sbuf = (const char *)a->sendbuf + (size_t)i * blen, .len = blen};
+  }
+  if (gather) memmove((char *)a->recvbuf + (size_t)r * blen, a->sendbuf, blen);
+  else memmove(a->recvbuf, (const char *)a->sendbuf + (size_t)r * blen, blen);
+  int rc = tcp_xfer(c, ops, k, a);
+  free(ops);
+  return rc;
+}
+
+static int reduce_scatter(struct tcp_comm *c, const struct dcomm_coll_args *a) {
+  size_t es = dcomm_dtype_size(a->dtype), blen = a->count * es;
+  int n = c->size, r = c->rank;
+  if (n == 1) {
+    memmove(a->recvbuf, a->sendbuf, blen);
+    return 0;
+  }
+  size_t total = blen * (size_t)n;
+  char *tmp = tcp_scratch(c, total ? total : 1);
+  if (!tmp) return oom(c);
+  memcpy(tmp, a->sendbuf, total);
+  for (int s = 0; s < n - 1; s++) {
+    int sb = mod(r - s - 1, n), rb = mod(r - s - 2, n);
+    TCP_CHECK(exchange(c, a, mod(r + 1, n), tmp + (size_t)sb * blen, blen, mod(r - 1, n), tmp + (size_t)rb * blen,
+                       blen, 1));
+  }
+  memcpy(a->recvbuf, tmp + (size_t)r * blen, blen);
+  finish_avg(c, a, a->recvbuf, a->count);
+  return 0;
+}
+
+static int all_to_all(struct tcp_comm *c, const struct dcomm_coll_args *a) {
+  size_t blen = a->count * dcomm_dtype_size(a->dtype);
+  int n = c->size, r = c->rank;
+  struct tcp_xop *ops = calloc((size_t)(2 * n), sizeof(*ops));
+  if (!ops) return oom(c);
+  int k = 0;
+  for (int s = 1; s < n; s++) {
+    int to = mod(r + s, n), from = mod(r - s, n);
+    ops[k++] = (struct tcp_xop){.peer = to, .is_send = 1, .sbuf = (const char *)a->sendbuf + (size_t)to * blen, .len = blen};
+    ops[k++] = (struct tcp_xop){.peer = from, .rbuf = (char *)a->recvbuf + (size_t)from * blen, .len = blen};
+  }
+  memmove((char *)a->recvbuf + (size_t)r * blen, (const char *)a->sendbuf + (size_t)r * blen, blen);
+  int rc = tcp_xfer(c, ops, k, a);
+  free(ops);
+  return rc;
+}
+
+static int barrier(struct tcp_comm *c, const struct dcomm_coll_args *a) {
+  int n = c->size, r = c->rank;
+  for (int d = 1; d < n; d <<= 1) TCP_CHECK(exchange(c, a, mod(r + d, n), NULL, 0, mod(r - d, n), NULL, 0, 0));
+  return 0;
+}
+
+int tcp_run_coll(struct tcp_comm *c, const struct dcomm_coll_args *a) {
+  switch (a->coll) {
+    case DCOMM_COLL_ALL_REDUCE: return allreduce(c, a);
+    case DCOMM_COLL_REDUCE: return c->size == 1 ? 0 : reduce_tree(c, a);
+    case DCOMM_COLL_BROADCAST: return c->size == 1 ? 0 : bcast_tree(c, a);
+    case DCOMM_COLL_ALL_GATHER: return all_gather(c, a);
+    case DCOMM_COLL_GATHER: return direct(c, a, 1);
+    case DCOMM_COLL_SCATTER: return direct(c, a, 0);
+    case DCOMM_COLL_REDUCE_SCATTER: return reduce_scatter(c, a);
+    case DCOMM_COLL_ALL_TO_ALL: return all_to_all(c, a);
+    case DCOMM_COLL_BARRIER: return barrier(c, a);
+    case DCOMM_COLL_SEND: return tcp_p2p_send(c, a);
+    case DCOMM_COLL_RECV: return tcp_p2p_recv(c, a);
+    default: return c->ctx->host->err(DCOMM_ENOTSUP, "tcp: collective %d is not supported", (int)a->coll);
+  }
+}

@@ -1,0 +1,256 @@
+/*
+ * tcp_backend.c: the tcp backend's ops table (dcomm_backend_v1). Requests
+ * go into a per-communicator FIFO; whoever waits runs them in order on its
+ * own thread, and test() hands the queue to a worker thread so that posted
+ * operations progress without a waiter. comm_abort may be called from any
+ * thread: it records the reason and wakes the running operation through an
+ * eventfd.
+ */
+#include "config.h"
+#include "tcp.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+struct tcp_req {
+  struct tcp_req *next;
+  struct tcp_comm *comm;
+  struct dcomm_coll_args args;
+  int done, rc;
+  char errmsg[TCP_MAX_ABORT_MSG];
+};
+
+static size_t param_size(const struct dcomm_host *h, const char *name, size_t def) {
+  const char *v = h->param(name);
+  char *end;
+  if (!v || !*v) return def;
+  unsigned long long x = strtoull(v, &end, 10);
+  if (*end == 'K' || *end == 'k') x <<= 10;
+  else if (*end == 'M' || *end == 'm') x <<= 20;
+  return (size_t)x;
+}
+
+static int tcp_init(const struct dcomm_host *host, void **out) {
+  struct tcp_ctx *ctx = calloc(1, sizeof(*ctx));
+  if (!ctx) return host->err(DCOMM_ENOMEM, "tcp: out of memory");
+  ctx->host = host;
+  ctx->lfd = -1;
+  ctx->chunk = param_size(host, "DCOMM_TCP_CHUNK_SIZE", 262144);
+  ctx->chunk = (ctx->chunk + 63) & ~(size_t)63; /* whole elements of any dtype */
+  if (ctx->chunk < 4096) ctx->chunk = 4096;
+  ctx->small = param_size(host, "DCOMM_TCP_SMALL_THRESHOLD", 65536);
+  ctx->bufsize = param_size(host, "DCOMM_TCP_BUFSIZE", 4194304);
+  const char *cm = host->param("DCOMM_CHECK_MISMATCH");
+  ctx->check_mismatch = !(cm && (!strcmp(cm, "0") || !strcmp(cm, "false") || !strcmp(cm, "no") || !strcmp(cm, "off")));
+  const char *algo = host->param("DCOMM_ALGO");
+  if (algo && !strcmp(algo, "ring")) ctx->algo = 1;
+  else if (algo && !strcmp(algo, "rd")) ctx->algo = 2;
+  else if (algo && *algo && strcmp(algo, "auto")) {
+    free(ctx);
+    return host->err(DCOMM_EINVAL, "DCOMM_ALGO='%s' is not auto, ring or rd", algo);
+  }
+  int rc = tcp_listen_and_publish(ctx);
+  if (rc < 0) {
+    if (ctx->lfd >= 0) close(ctx->lfd);
+    free(ctx);
+    return rc;
+  }
+  *out = ctx;
+  return 0;
+}
+
+static int tcp_finalize(void *vctx) {
+  struct tcp_ctx *ctx = vctx;
+  tcp_close_parked(ctx);
+  if (ctx->lfd >= 0) close(ctx->lfd);
+  free(ctx->addrs);
+  free(ctx);
+  return 0;
+}
+
+static void comm_free(struct tcp_comm *c) {
+  if (c->peers) {
+    tcp_close_links(c);
+    free(c->peers);
+  }
+  if (c->abort_fd >= 0) close(c->abort_fd);
+  free(c->stage[0]);
+  free(c->stage[1]);
+  free(c->tmp);
+  free(c->world_ranks);
+  pthread_mutex_destroy(&c->qlock);
+  pthread_cond_destroy(&c->qcond);
+  free(c);
+}
+
+static int tcp_comm_create(void *vctx, const struct dcomm_comm_spec *spec, void **out) {
+  struct tcp_ctx *ctx = vctx;
+  const struct dcomm_host *h = ctx->host;
+  struct tcp_comm *c = calloc(1, sizeof(*c));
+  if (!c) return h->err(DCOMM_ENOMEM, "tcp: out of memory");
+  pthread_mutex_init(&c->qlock, NULL);
+  pthread_cond_init(&c->qcond, NULL);
+  c->ctx = ctx;
+  c->id = spec->comm_id;
+  c->rank = spec->rank;
+  c->size = spec->size;
+  snprintf(c->label, sizeof(c->label), "%s", spec->label ? spec->label : "comm");
+  c->abort_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  c->peers = calloc((size_t)spec->size, sizeof(*c->peers));
+  c->world_ranks = malloc(sizeof(int) * (size_t)spec->size);
+  if (c->abort_fd < 0 || !c->peers || !c->world_ranks) {
+    comm_free(c);
+    return h->err(DCOMM_ENOMEM, "tcp: cannot allocate a communicator");
+  }
+  memcpy(c->world_ranks, spec->world_ranks, sizeof(int) * (size_t)spec->size);
+  for (int i = 0; i < spec->size; i++) c->peers[i].fd = -1;
+  int rc = tcp_connect_mesh(ctx, c, spec->deadline);
+  if (rc < 0) {
+    atomic_store(&c->error, rc); /* no goodbyes on a half-built mesh */
+    comm_free(c);
+    return rc;
+  }
+  TCP_LOG(ctx, INFO, "tcp %s: connected rank %d of %d", c->label, c->rank, c->size);
+  *out = c;
+  return 0;
+}
+
+static void stop_worker(struct tcp_comm *c) {
+  pthread_mutex_lock(&c->qlock);
+  int started = c->worker_started;
+  c->worker_stop = 1;
+  pthread_cond_broadcast(&c->qcond);
+  pthread_mutex_unlock(&c->qlock);
+  if (started) pthread_join(c->worker, NULL);
+}
+
+static int tcp_comm_destroy(void *vc) {
+  struct tcp_comm *c = vc;
+  stop_worker(c);
+  while (c->qhead) { /* posted but never waited for */
+    struct tcp_req *r = c->qhead;
+    c->qhead = r->next;
+    free(r);
+  }
+  comm_free(c);
+  return 0;
+}
+
+static int tcp_comm_abort(void *vc, int reason) {
+  struct tcp_comm *c = vc;
+  int expected = 0;
+  if (reason >= 0) reason = DCOMM_EREVOKED;
+  pthread_mutex_lock(&c->qlock);
+  if (atomic_compare_exchange_strong(&c->error, &expected, reason))
+    snprintf(c->errmsg, sizeof(c->errmsg), "tcp %s: communicator aborted (%s)", c->label,
+             reason == DCOMM_EPEERLOST ? "a peer was lost" : "revoked");
+  pthread_mutex_unlock(&c->qlock);
+  uint64_t one = 1;
+  if (write(c->abort_fd, &one, sizeof(one)) < 0) { /* already signalled */ }
+  return 0;
+}
+
+/* Runs the queue head; called with qlock held, returns with it held. */
+static void run_head(struct tcp_comm *c) {
+  struct tcp_req *r = c->qhead;
+  c->qhead = r->next;
+  if (!c->qhead) c->qtail = NULL;
+  c->executing = 1;
+  pthread_mutex_unlock(&c->qlock);
+  r->rc = tcp_run_coll(c, &r->args);
+  if (r->rc < 0) {
+    /* The error detail is thread-local: carry it to the waiter's thread. */
+    snprintf(r->errmsg, sizeof(r->errmsg), "%s", dcomm_last_error());
+  }
+  pthread_mutex_lock(&c->qlock);
+  c->executing = 0;
+  r->done = 1;
+  pthread_cond_broadcast(&c->qcond);
+}
+
+static void *worker_main(void *arg) {
+  struct tcp_comm *c = arg;
+  pthread_mutex_lock(&c->qlock);
+  while (!c->worker_stop) {
+    if (c->qhead && !c->executing) run_head(c);
+    else pthread_cond_wait(&c->qcond, &c->qlock);
+  }
+  pthread_mutex_unlock(&c->qlock);
+  return NULL;
+}
+
+static int tcp_post(void *vc, const struct dcomm_coll_args *a, void **out) {
+  struct tcp_comm *c = vc;
+  struct tcp_req *r = calloc(1, sizeof(*r));
+  if (!r) return c->ctx->host->err(DCOMM_ENOMEM, "tcp: out of memory");
+  r->comm = c;
+  r->args = *a;
+  pthread_mutex_lock(&c->qlock);
+  if (c->qtail) c->qtail->next = r;
+  else c->qhead = r;
+  c->qtail = r;
+  pthread_cond_broadcast(&c->qcond);
+  pthread_mutex_unlock(&c->qlock);
+  *out = r;
+  return 0;
+}
+
+static int finish(struct tcp_req *r) {
+  int rc = r->rc;
+  if (rc < 0) r->comm->ctx->host->err(rc, "%s", r->errmsg);
+  free(r);
+  return rc;
+}
+
+static int tcp_wait(void *vr) {
+  struct tcp_req *r = vr;
+  struct tcp_comm *c = r->comm;
+  pthread_mutex_lock(&c->qlock);
+  while (!r->done) {
+    if (c->qhead && !c->executing && !c->worker_started) run_head(c);
+    else pthread_cond_wait(&c->qcond, &c->qlock);
+  }
+  pthread_mutex_unlock(&c->qlock);
+  return finish(r);
+}
+
+static int tcp_test(void *vr, int *done) {
+  struct tcp_req *r = vr;
+  struct tcp_comm *c = r->comm;
+  pthread_mutex_lock(&c->qlock);
+  *done = r->done;
+  if (!r->done && !c->worker_started) {
+    if (pthread_create(&c->worker, NULL, worker_main, c) == 0) c->worker_started = 1;
+  }
+  pthread_mutex_unlock(&c->qlock);
+  return *done ? finish(r) : 0;
+}
+
+static int tcp_async_error(void *vc) {
+  struct tcp_comm *c = vc;
+  return atomic_load(&c->error);
+}
+
+static int tcp_describe(void *ctx, char *buf, size_t len) {
+  snprintf(buf, len, "tcp: sockets, ring / recursive doubling / trees, built in");
+  return 0;
+}
+
+const struct dcomm_backend_v1 dcomm__backend_tcp = {
+    .size = sizeof(struct dcomm_backend_v1),
+    .abi_version = DCOMM_BACKEND_ABI_VERSION,
+    .name = "tcp",
+    .init = tcp_init,
+    .finalize = tcp_finalize,
+    .comm_create = tcp_comm_create,
+    .comm_destroy = tcp_comm_destroy,
+    .comm_abort = tcp_comm_abort,
+    .post = tcp_post,
+    .test = tcp_test,
+    .wait = tcp_wait,
+    .async_error = tcp_async_error,
+    .describe = tcp_describe,
+};

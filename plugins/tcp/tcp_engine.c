@@ -1,0 +1,483 @@
+/*
+ * tcp_engine.c: the transfer engine of the tcp backend. tcp_xfer progresses
+ * a set of framed sends and receives together under one poll(), so ring
+ * and pairwise exchanges never deadlock on full socket buffers. While it
+ * waits it also watches every other link of the communicator, so a peer
+ * that dies or aborts anywhere in the mesh is noticed at once, not at the
+ * timeout. Any error breaks the communicator: an ABORT frame carrying the
+ * error goes to every peer (which breaks theirs in turn), and every later
+ * call fails fast with the same error.
+ */
+#include "config.h"
+#include "tcp.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+struct tcp_uq {
+  struct tcp_uq *next;
+  struct tcp_hdr hdr;
+  void *data;
+};
+
+#define MAX_UNEXPECTED ((uint64_t)1 << 32)
+
+static const char *const coll_names[DCOMM_COLL_COUNT] = {
+    "none", "all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter",
+    "reduce_scatter", "all_to_all", "barrier", "send", "recv"};
+
+static const char *coll_name(int c) { return c >= 0 && c < DCOMM_COLL_COUNT ? coll_names[c] : "unknown"; }
+
+static int world_of(const struct tcp_comm *c, int r) { return c->world_ranks[r]; }
+
+int tcp_fail(struct tcp_comm *c, int err, const char *fmt, ...) {
+  int expected = 0;
+  pthread_mutex_lock(&c->qlock);
+  if (atomic_compare_exchange_strong(&c->error, &expected, err)) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->errmsg, sizeof(c->errmsg), fmt, ap);
+    va_end(ap);
+  }
+  err = atomic_load(&c->error);
+  char msg[TCP_MAX_ABORT_MSG];
+  memcpy(msg, c->errmsg, sizeof(msg));
+  pthread_mutex_unlock(&c->qlock);
+  /* Tell every peer, once, so that ranks not linked to the failure learn. */
+  if (!c->abort_sent) {
+    c->abort_sent = 1;
+    for (int i = 0; i < c->size; i++) {
+      struct tcp_peer *p = &c->peers[i];
+      if (i == c->rank || p->fd < 0) continue;
+      if (!p->closed && !p->mid_send) {
+        struct tcp_hdr h = {.magic = TCP_MAGIC, .type = TCP_F_ABORT, .root = err, .len = strlen(msg)};
+        struct iovec iov[2] = {{&h, sizeof(h)}, {msg, h.len}};
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
+        if (sendmsg(p->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) { /* best effort */ }
+      }
+      shutdown(p->fd, SHUT_WR);
+    }
+  }
+  return c->ctx->host->err(err, "%s", msg);
+}
+
+/* Reads exactly len bytes (used for short tails: ABORT messages, queued
+ * p2p payloads) bounded by the deadline and the abort descriptor. */
+static int read_full(struct tcp_comm *c, int peer, void *buf, size_t len, double deadline) {
+  struct tcp_peer *p = &c->peers[peer];
+  char *b = buf;
+  while (len > 0) {
+    ssize_t n = recv(p->fd, b, len, MSG_DONTWAIT);
+    if (n > 0) {
+      b += n;
+      len -= (size_t)n;
+      continue;
+    }
+    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      p->closed = 1;
+      return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: rank %d (world rank %d) closed its link in the middle of a message",
+                      c->label, peer, world_of(c, peer));
+    }
+    struct pollfd pf[2] = {{.fd = p->fd, .events = POLLIN}, {.fd = c->abort_fd, .events = POLLIN}};
+    double left = deadline - c->ctx->host->now();
+    if (left <= 0)
+      return tcp_fail(c, DCOMM_ETIMEDOUT, "tcp %s: timed out reading from rank %d", c->label, peer);
+    poll(pf, 2, (int)(left * 1000) + 1);
+    if (pf[1].revents & POLLIN) return tcp_fail(c, DCOMM_EREVOKED, "tcp %s: communicator aborted", c->label);
+  }
+  return 0;
+}
+
+/* Reads what is missing of the peer's next header. 1: complete, 0: would
+ * block, <0: error (EOF included). */
+static int read_hdr(struct tcp_comm *c, int peer) {
+  struct tcp_peer *p = &c->peers[peer];
+  while (!p->have_hdr) {
+    ssize_t n = recv(p->fd, (char *)&p->hdr + p->hgot, sizeof(p->hdr) - p->hgot, MSG_DONTWAIT);
+    if (n > 0) {
+      p->hgot += (size_t)n;
+      if (p->hgot == sizeof(p->hdr)) {
+        if (p->hdr.magic != TCP_MAGIC)
+          return tcp_fail(c, DCOMM_EPROTO, "tcp %s: garbage on the link from rank %d (world rank %d)", c->label, peer,
+                          world_of(c, peer));
+        p->have_hdr = 1;
+      }
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+    p->closed = 1;
+    if (p->departed) return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: rank %d (world rank %d) has finalized", c->label, peer, world_of(c, peer));
+    return tcp_fail(c, DCOMM_EPEERLOST,
+                    "tcp %s: lost rank %d (world rank %d): its link closed%s (the process died or aborted)", c->label,
+                    peer, world_of(c, peer), p->hgot ? " in the middle of a header" : "");
+  }
+  return 1;
+}
+
+/* Handles a complete header that is not the data the caller waits for:
+ * ABORT breaks the comm with the sender's error, BYE marks the peer gone,
+ * P2P is queued. Returns 1 if consumed, 0 if it is data to keep, <0 error. */
+static int take_control(struct tcp_comm *c, int peer, double deadline) {
+  struct tcp_peer *p = &c->peers[peer];
+  struct tcp_hdr *h = &p->hdr;
+  if (h->type == TCP_F_ABORT) {
+    char msg[TCP_MAX_ABORT_MSG] = "";
+    size_t ml = h->len < sizeof(msg) - 1 ? h->len : sizeof(msg) - 1;
+    int err = h->root;
+    if (err >= 0 || err < -100) err = DCOMM_EPEERLOST;
+    if (read_full(c, peer, msg, ml, c->ctx->host->now() + 1.0) == 0) msg[ml] = 0;
+    p->have_hdr = 0;
+    p->hgot = 0;
+    return tcp_fail(c, err, "tcp %s: rank %d (world rank %d) aborted the communicator: %s", c->label, peer,
+                    world_of(c, peer), msg);
+  }
+  if (h->type == TCP_F_BYE) {
+    p->departed = 1;
+    p->have_hdr = 0;
+    p->hgot = 0;
+    return 1;
+  }
+  if (h->type == TCP_F_P2P) {
+    if (h->len > MAX_UNEXPECTED)
+      return tcp_fail(c, DCOMM_EPROTO, "tcp %s: rank %d sent an oversized message (%llu bytes)", c->label, peer,
+                      (unsigned long long)h->len);
+    struct tcp_uq *q = calloc(1, sizeof(*q));
+    if (q) q->data = malloc(h->len ? h->len : 1);
+    if (!q || !q->data) {
+      if (q) free(q);
+      return tcp_fail(c, DCOMM_ENOMEM, "tcp %s: out of memory queueing a message from rank %d", c->label, peer);
+    }
+    q->hdr = *h;
+    p->have_hdr = 0;
+    p->hgot = 0;
+    int rc = read_full(c, peer, q->data, h->len, deadline);
+    if (rc < 0) {
+      free(q->data);
+      free(q);
+      return rc;
+    }
+    if (p->uq_tail) p->uq_tail->next = q;
+    else p->uq_head = q;
+    p->uq_tail = q;
+    return 1;
+  }
+  if (h->type == TCP_F_DATA) return 0;
+  return tcp_fail(c, DCOMM_EPROTO, "tcp %s: unknown frame type %d from rank %d", c->label, h->type, peer);
+}
+
+static void describe_args(char *buf, size_t len, const struct dcomm_host *h, int coll, uint64_t seq, uint64_t count,
+                          int dtype, int op, int root) {
+  if (coll == DCOMM_COLL_BARRIER)
+    snprintf(buf, len, "barrier(seq %llu)", (unsigned long long)seq);
+  else if (coll == DCOMM_COLL_SEND || coll == DCOMM_COLL_RECV)
+    snprintf(buf, len, "%s(count %llu, %s, tag %d)", coll_name(coll), (unsigned long long)count, h->dtype_name(dtype),
+             root);
+  else
+    snprintf(buf, len, "%s(seq %llu, count %llu, %s, op %s, root %d)", coll_name(coll), (unsigned long long)seq,
+             (unsigned long long)count, h->dtype_name(dtype), h->op_name(op), root);
+}
+
+static int sig_matches(const struct tcp_hdr *h, const struct dcomm_coll_args *a) {
+  int mine_coll = a->coll == DCOMM_COLL_RECV ? DCOMM_COLL_SEND : (int)a->coll;
+  return h->coll == mine_coll && h->seq == a->seq && h->count == a->count && h->dtype == (uint8_t)a->dtype &&
+         h->op == (uint8_t)a->op && h->root == (a->coll == DCOMM_COLL_RECV ? a->tag : a->root);
+}
+
+static int mismatch(struct tcp_comm *c, int peer, const struct dcomm_coll_args *a) {
+  const struct tcp_hdr *h = &c->peers[peer].hdr;
+  const struct dcomm_host *host = c->ctx->host;
+  char theirs[160], mine[160];
+  describe_args(theirs, sizeof(theirs), host, h->coll, h->seq, h->count, h->dtype, h->op, h->root);
+  describe_args(mine, sizeof(mine), host, (int)a->coll, a->seq, a->count, (int)a->dtype, (int)a->op,
+                a->coll == DCOMM_COLL_RECV ? a->tag : a->root);
+  return tcp_fail(c, DCOMM_EMISMATCH, "tcp %s: mismatched calls: rank %d (world rank %d) called %s but rank %d called %s",
+                  c->label, peer, world_of(c, peer), theirs, c->rank, mine);
+}
+
+/* Checks a DATA/P2P header against what this rank called. */
+static int check_hdr(struct tcp_comm *c, int peer, const struct tcp_xop *op, const struct dcomm_coll_args *a) {
+  const struct tcp_hdr *h = &c->peers[peer].hdr;
+  int ok = h->len == op->len;
+  if (c->ctx->check_mismatch || a->coll == DCOMM_COLL_RECV) ok = ok && sig_matches(h, a);
+  return ok ? 0 : mismatch(c, peer, a);
+}
+
+static int progress_send(struct tcp_comm *c, struct tcp_xop *op) {
+  struct tcp_peer *p = &c->peers[op->peer];
+  size_t total = sizeof(op->hdr) + op->len;
+  while (op->done < total) {
+    struct iovec iov[2];
+    int k = 0;
+    if (op->done < sizeof(op->hdr)) {
+      iov[k++] = (struct iovec){(char *)&op->hdr + op->done, sizeof(op->hdr) - op->done};
+      if (op->len) iov[k++] = (struct iovec){(void *)(uintptr_t)op->sbuf, op->len};
+    } else {
+      iov[k++] = (struct iovec){(char *)(uintptr_t)op->sbuf + (op->done - sizeof(op->hdr)), total - op->done};
+    }
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)k};
+    ssize_t n = sendmsg(p->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      op->done += (size_t)n;
+      p->mid_send = op->done < total;
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+    /* The peer is gone; its ABORT, if it sent one, explains why. */
+    if (!p->have_hdr && read_hdr(c, op->peer) == 1) {
+      int rc = take_control(c, op->peer, c->ctx->host->now() + 1.0);
+      if (rc < 0) return rc;
+    }
+    p->closed = 1;
+    return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: lost rank %d (world rank %d) while sending to it (%s)", c->label,
+                    op->peer, world_of(c, op->peer), n < 0 ? strerror(errno) : "closed");
+  }
+  op->complete = 1;
+  return 0;
+}
+
+static int progress_recv(struct tcp_comm *c, struct tcp_xop *op, const struct dcomm_coll_args *a) {
+  struct tcp_peer *p = &c->peers[op->peer];
+  const struct dcomm_host *h = c->ctx->host;
+  while (!op->hdr_ok) {
+    int rc = read_hdr(c, op->peer);
+    if (rc <= 0) return rc;
+    int want = a->coll == DCOMM_COLL_RECV ? TCP_F_P2P : TCP_F_DATA;
+    if (p->hdr.type == want && !(want == TCP_F_P2P && p->hdr.root != a->tag)) {
+      TCP_CHECK(check_hdr(c, op->peer, op, a));
+      op->hdr_ok = 1;
+      break;
+    }
+    if (p->hdr.type == TCP_F_DATA) {
+      /* Collective data while this rank waits in recv (or the reverse). */
+      TCP_CHECK(check_hdr(c, op->peer, op, a));
+    }
+    rc = take_control(c, op->peer, a->deadline);
+    if (rc < 0) return rc;
+    if (p->departed)
+      return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: rank %d (world rank %d) finalized while this rank waits for its data",
+                      c->label, op->peer, world_of(c, op->peer));
+  }
+  size_t chunk = c->ctx->chunk;
+  while (op->done < op->len) {
+    char *dst;
+    size_t want;
+    if (op->reduce) {
+      size_t in_stage = op->done - op->reduced;
+      want = op->len - op->done;
+      if (want > chunk - in_stage) want = chunk - in_stage;
+      dst = (char *)c->stage[op->stage_idx] + in_stage;
+    } else {
+      want = op->len - op->done;
+      dst = (char *)op->rbuf + op->done;
+    }
+    ssize_t n = recv(p->fd, dst, want, MSG_DONTWAIT);
+    if (n > 0) {
+      op->done += (size_t)n;
+      if (op->reduce && (op->done - op->reduced == chunk || op->done == op->len)) {
+        size_t es = dcomm_dtype_size(a->dtype);
+        size_t bytes = op->done - op->reduced;
+        h->reduce((char *)op->rbuf + op->reduced, c->stage[op->stage_idx], bytes / es, a->dtype, a->op);
+        op->reduced = op->done;
+      }
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+    p->closed = 1;
+    return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: the link from rank %d (world rank %d) closed in the middle of its data (%s; it died or aborted)", c->label,
+                    op->peer, world_of(c, op->peer), n < 0 ? strerror(errno) : "link closed");
+  }
+  p->have_hdr = 0;
+  p->hgot = 0;
+  op->complete = 1;
+  return 0;
+}
+
+/* A link we are not reading from became readable or hung up. Data that
+ * belongs to a later step or a later collective is left in place; data of
+ * this collective's sequence number that does not match this rank's call
+ * is a mismatch, found here even when no rank reads from that link. */
+static int watch_peer(struct tcp_comm *c, int peer, const struct dcomm_coll_args *a) {
+  struct tcp_peer *p = &c->peers[peer];
+  for (;;) {
+    if (p->have_hdr) {
+      const struct tcp_hdr *h = &p->hdr;
+      if (c->ctx->check_mismatch && a->coll != DCOMM_COLL_SEND && a->coll != DCOMM_COLL_RECV && h->type == TCP_F_DATA &&
+          (h->seq < a->seq || (h->seq == a->seq && !sig_matches(h, a))))
+        return mismatch(c, peer, a);
+      p->watch_off = 1;
+      return 0;
+    }
+    int rc = read_hdr(c, peer);
+    if (rc <= 0) return rc;
+    rc = take_control(c, peer, a->deadline);
+    if (rc < 0) return rc;
+    if (p->departed) {
+      p->watch_off = 1;
+      return 0;
+    }
+  }
+}
+
+static void fill_hdr(struct tcp_hdr *h, const struct dcomm_coll_args *a, size_t len) {
+  memset(h, 0, sizeof(*h));
+  h->magic = TCP_MAGIC;
+  h->type = a->coll == DCOMM_COLL_SEND ? TCP_F_P2P : TCP_F_DATA;
+  h->coll = (uint8_t)a->coll;
+  h->dtype = (uint8_t)a->dtype;
+  h->op = (uint8_t)a->op;
+  h->root = a->coll == DCOMM_COLL_SEND ? a->tag : a->root;
+  h->seq = a->seq;
+  h->count = a->count;
+  h->len = len;
+}
+
+static int broken(struct tcp_comm *c) {
+  int err = atomic_load(&c->error);
+  if (!err) return 0;
+  return tcp_fail(c, err, "unused");
+}
+
+#define MAX_POLL 512
+
+int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_coll_args *a) {
+  const struct dcomm_host *h = c->ctx->host;
+  TCP_CHECK(broken(c));
+  int stages = 0;
+  for (int i = 0; i < n; i++) {
+    struct tcp_xop *op = &ops[i];
+    op->done = op->reduced = 0;
+    op->complete = op->hdr_ok = 0;
+    if (op->is_send) fill_hdr(&op->hdr, a, op->len);
+    if (!op->is_send && op->reduce) {
+      if (stages == 2) return h->err(DCOMM_EBACKEND, "tcp: more than two reducing receives in one step");
+      op->stage_idx = stages++;
+      if (!c->stage[op->stage_idx] && !(c->stage[op->stage_idx] = malloc(c->ctx->chunk)))
+        return tcp_fail(c, DCOMM_ENOMEM, "tcp: out of memory for staging buffers");
+    }
+  }
+  for (int i = 0; i < c->size; i++) c->peers[i].watch_off = 0;
+  int left = n;
+  /* First pass without waiting: small messages usually complete here. */
+  for (int i = 0; i < n; i++) {
+    TCP_CHECK(ops[i].is_send ? progress_send(c, &ops[i]) : progress_recv(c, &ops[i], a));
+    if (ops[i].complete) left--;
+  }
+  struct pollfd pf[MAX_POLL];
+  int who[MAX_POLL]; /* >= 0: op index; < 0: -(peer+1) watched */
+  while (left > 0) {
+    int np = 0;
+    pf[np] = (struct pollfd){.fd = c->abort_fd, .events = POLLIN};
+    who[np++] = MAX_POLL;
+    char *recv_peer = calloc((size_t)c->size, 1);
+    if (!recv_peer) return tcp_fail(c, DCOMM_ENOMEM, "tcp: out of memory");
+    for (int i = 0; i < n && np < MAX_POLL; i++) {
+      if (ops[i].complete) continue;
+      if (!ops[i].is_send) recv_peer[ops[i].peer] = 1;
+      pf[np] = (struct pollfd){.fd = c->peers[ops[i].peer].fd, .events = ops[i].is_send ? POLLOUT : POLLIN};
+      who[np++] = i;
+    }
+    for (int r = 0; r < c->size && np < MAX_POLL; r++) {
+      struct tcp_peer *p = &c->peers[r];
+      if (r == c->rank || recv_peer[r] || p->fd < 0 || p->closed || p->departed || p->watch_off) continue;
+      pf[np] = (struct pollfd){.fd = p->fd, .events = POLLIN | POLLRDHUP};
+      who[np++] = -(r + 1);
+    }
+    free(recv_peer);
+    double wait_s = a->deadline - h->now();
+    if (wait_s <= 0) {
+      for (int i = 0; i < n; i++)
+        if (!ops[i].complete)
+          return tcp_fail(c, DCOMM_ETIMEDOUT, "tcp %s: timed out %s rank %d (world rank %d) in %s", c->label,
+                          ops[i].is_send ? "sending to" : "waiting for data from", ops[i].peer,
+                          world_of(c, ops[i].peer), coll_name(a->coll));
+    }
+    int rc = poll(pf, (nfds_t)np, wait_s > 0 ? (int)(wait_s * 1000) + 1 : 0);
+    if (rc < 0 && errno != EINTR) return tcp_fail(c, DCOMM_ESYSTEM, "tcp: poll: %s", strerror(errno));
+    if (rc <= 0) continue;
+    if (pf[0].revents & POLLIN) {
+      int err = atomic_load(&c->error);
+      return tcp_fail(c, err ? err : DCOMM_EREVOKED, "tcp %s: communicator aborted", c->label);
+    }
+    for (int k = 1; k < np; k++) {
+      if (!pf[k].revents) continue;
+      if (who[k] >= 0) {
+        struct tcp_xop *op = &ops[who[k]];
+        if (op->complete) continue;
+        TCP_CHECK(op->is_send ? progress_send(c, op) : progress_recv(c, op, a));
+        if (op->complete) left--;
+      } else {
+        TCP_CHECK(watch_peer(c, -who[k] - 1, a));
+      }
+    }
+  }
+  return 0;
+}
+
+int tcp_p2p_send(struct tcp_comm *c, const struct dcomm_coll_args *a) {
+  struct tcp_xop op = {.peer = a->root, .is_send = 1, .sbuf = a->recvbuf,
+                       .len = a->count * dcomm_dtype_size(a->dtype)};
+  return tcp_xfer(c, &op, 1, a);
+}
+
+int tcp_p2p_recv(struct tcp_comm *c, const struct dcomm_coll_args *a) {
+  struct tcp_peer *p = &c->peers[a->root];
+  size_t len = a->count * dcomm_dtype_size(a->dtype);
+  TCP_CHECK(broken(c));
+  for (struct tcp_uq **pp = &p->uq_head, *prev = NULL; *pp; prev = *pp, pp = &(*pp)->next) {
+    struct tcp_uq *q = *pp;
+    if (q->hdr.root != a->tag) continue;
+    if (q->hdr.len != len || q->hdr.count != a->count || q->hdr.dtype != (uint8_t)a->dtype) {
+      char theirs[160], mine[160];
+      describe_args(theirs, sizeof(theirs), c->ctx->host, DCOMM_COLL_SEND, 0, q->hdr.count, q->hdr.dtype, 0, q->hdr.root);
+      describe_args(mine, sizeof(mine), c->ctx->host, DCOMM_COLL_RECV, 0, a->count, (int)a->dtype, 0, a->tag);
+      return tcp_fail(c, DCOMM_EMISMATCH, "tcp %s: mismatched calls: rank %d called %s but rank %d called %s", c->label,
+                      a->root, theirs, c->rank, mine);
+    }
+    memcpy(a->recvbuf, q->data, len);
+    *pp = q->next;
+    if (p->uq_tail == q) p->uq_tail = prev;
+    free(q->data);
+    free(q);
+    return 0;
+  }
+  struct tcp_xop op = {.peer = a->root, .rbuf = a->recvbuf, .len = len};
+  return tcp_xfer(c, &op, 1, a);
+}
+
+void tcp_peer_free_queue(struct tcp_peer *p) {
+  while (p->uq_head) {
+    struct tcp_uq *q = p->uq_head;
+    p->uq_head = q->next;
+    free(q->data);
+    free(q);
+  }
+  p->uq_tail = NULL;
+}
+
+void tcp_close_links(struct tcp_comm *c) {
+  int clean = atomic_load(&c->error) == 0;
+  for (int i = 0; i < c->size; i++) {
+    struct tcp_peer *p = &c->peers[i];
+    if (p->fd < 0) continue;
+    if (clean && !p->closed && !p->mid_send) {
+      struct tcp_hdr h = {.magic = TCP_MAGIC, .type = TCP_F_BYE};
+      if (send(p->fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) { /* best effort */ }
+    }
+    shutdown(p->fd, SHUT_WR);
+    /* Empty the receive queue so close() sends FIN, not a reset that could
+     * destroy what the peer has yet to read. */
+    char sink[4096];
+    while (recv(p->fd, sink, sizeof(sink), MSG_DONTWAIT) > 0) {
+    }
+    close(p->fd);
+    p->fd = -1;
+    tcp_peer_free_queue(p);
+  }
+}

@@ -1,0 +1,125 @@
+/*
+ * auth.c: challenge/response handshake with HMAC-SHA256 (OpenSSL).
+ */
+#include "config.h"
+#include "auth.h"
+
+#include <arpa/inet.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <string.h>
+
+#include "error.h"
+#include "sock.h"
+
+#define HS_MAGIC 0x44434853u /* "DCHS" */
+#define HS_VERSION 1
+#define NONCE_LEN 16
+#define MAC_LEN 32
+
+struct hs_challenge {
+  uint32_t magic, version;
+  unsigned char nonce[NONCE_LEN];
+};
+
+struct hs_answer_head {
+  uint32_t magic, version, purpose;
+  uint16_t job_len, hello_len;
+};
+
+struct hs_verdict {
+  int32_t status;
+  uint16_t msg_len, pad;
+};
+
+static void compute_mac(const char *token, const unsigned char *nonce, uint32_t purpose, const char *job,
+                        size_t job_len, const void *hello, size_t hello_len, unsigned char out[MAC_LEN]) {
+  memset(out, 0, MAC_LEN);
+  if (!token || !*token) return;
+  unsigned char msg[16 + NONCE_LEN + 4 + DCOMM_HS_MAX_JOB + DCOMM_HS_MAX_HELLO];
+  size_t n = 0;
+  memcpy(msg, "dcomm-hs1", 9);
+  n = 9;
+  memcpy(msg + n, nonce, NONCE_LEN);
+  n += NONCE_LEN;
+  uint32_t p = htonl(purpose);
+  memcpy(msg + n, &p, 4);
+  n += 4;
+  memcpy(msg + n, job, job_len);
+  n += job_len;
+  if (hello_len) memcpy(msg + n, hello, hello_len);
+  n += hello_len;
+  unsigned int outlen = MAC_LEN;
+  HMAC(EVP_sha256(), token, (int)strlen(token), msg, n, out, &outlen);
+}
+
+static int send_verdict(int fd, int status, const char *msg, double deadline) {
+  struct hs_verdict v = {.status = (int32_t)htonl((uint32_t)status), .msg_len = htons((uint16_t)strlen(msg))};
+  DCOMM_CHECK(dcomm__sock_send_all(fd, &v, sizeof(v), deadline, -1));
+  return dcomm__sock_send_all(fd, msg, strlen(msg), deadline, -1);
+}
+
+int dcomm__hs_server(int fd, const char *job_id, const char *token, double deadline, struct dcomm_hs_peer *peer) {
+  struct hs_challenge ch = {.magic = htonl(HS_MAGIC), .version = htonl(HS_VERSION)};
+  if (RAND_bytes(ch.nonce, NONCE_LEN) != 1) return dcomm__err(DCOMM_ESYSTEM, "RAND_bytes failed");
+  DCOMM_CHECK(dcomm__sock_send_all(fd, &ch, sizeof(ch), deadline, -1));
+
+  struct hs_answer_head h;
+  DCOMM_CHECK(dcomm__sock_recv_all(fd, &h, sizeof(h), deadline, -1));
+  if (ntohl(h.magic) != HS_MAGIC || ntohl(h.version) != HS_VERSION)
+    return dcomm__err(DCOMM_EPROTO, "handshake: not a dcomm peer (bad magic or version)");
+  size_t job_len = ntohs(h.job_len), hello_len = ntohs(h.hello_len);
+  if (job_len > DCOMM_HS_MAX_JOB || hello_len > DCOMM_HS_MAX_HELLO)
+    return dcomm__err(DCOMM_EPROTO, "handshake: oversized job id (%zu) or hello (%zu)", job_len, hello_len);
+  char job[DCOMM_HS_MAX_JOB + 1];
+  unsigned char mac[MAC_LEN], want[MAC_LEN];
+  DCOMM_CHECK(dcomm__sock_recv_all(fd, job, job_len, deadline, -1));
+  job[job_len] = 0;
+  DCOMM_CHECK(dcomm__sock_recv_all(fd, peer->hello, hello_len, deadline, -1));
+  DCOMM_CHECK(dcomm__sock_recv_all(fd, mac, MAC_LEN, deadline, -1));
+  peer->purpose = ntohl(h.purpose);
+  peer->hello_len = (uint16_t)hello_len;
+
+  if (strlen(job) != job_len || strcmp(job, job_id) != 0) {
+    send_verdict(fd, DCOMM_EAUTH, "job id mismatch", deadline);
+    return dcomm__err(DCOMM_EAUTH, "handshake: peer belongs to job '%s', this is job '%s'", job, job_id);
+  }
+  compute_mac(token, ch.nonce, peer->purpose, job, job_len, peer->hello, hello_len, want);
+  if (CRYPTO_memcmp(mac, want, MAC_LEN) != 0) {
+    send_verdict(fd, DCOMM_EAUTH, "bad auth token", deadline);
+    return dcomm__err(DCOMM_EAUTH, "handshake: peer did not prove DCOMM_AUTH_TOKEN");
+  }
+  return send_verdict(fd, 0, "", deadline);
+}
+
+int dcomm__hs_client(int fd, const char *job_id, const char *token, uint32_t purpose, const void *hello,
+                     size_t hello_len, double deadline) {
+  size_t job_len = strlen(job_id);
+  if (job_len > DCOMM_HS_MAX_JOB || hello_len > DCOMM_HS_MAX_HELLO)
+    return dcomm__err(DCOMM_EINVAL, "handshake: job id or hello too long");
+  struct hs_challenge ch;
+  DCOMM_CHECK(dcomm__sock_recv_all(fd, &ch, sizeof(ch), deadline, -1));
+  if (ntohl(ch.magic) != HS_MAGIC || ntohl(ch.version) != HS_VERSION)
+    return dcomm__err(DCOMM_EPROTO, "handshake: the server is not a dcomm endpoint");
+  struct hs_answer_head h = {.magic = htonl(HS_MAGIC), .version = htonl(HS_VERSION), .purpose = htonl(purpose),
+                             .job_len = htons((uint16_t)job_len), .hello_len = htons((uint16_t)hello_len)};
+  unsigned char mac[MAC_LEN];
+  compute_mac(token, ch.nonce, purpose, job_id, job_len, hello, hello_len, mac);
+  DCOMM_CHECK(dcomm__sock_send_all(fd, &h, sizeof(h), deadline, -1));
+  DCOMM_CHECK(dcomm__sock_send_all(fd, job_id, job_len, deadline, -1));
+  if (hello_len) DCOMM_CHECK(dcomm__sock_send_all(fd, hello, hello_len, deadline, -1));
+  DCOMM_CHECK(dcomm__sock_send_all(fd, mac, MAC_LEN, deadline, -1));
+  struct hs_verdict v;
+  DCOMM_CHECK(dcomm__sock_recv_all(fd, &v, sizeof(v), deadline, -1));
+  int status = (int32_t)ntohl((uint32_t)v.status);
+  size_t ml = ntohs(v.msg_len);
+  char msg[256] = "";
+  if (ml >= sizeof(msg)) return dcomm__err(DCOMM_EPROTO, "handshake: oversized verdict");
+  DCOMM_CHECK(dcomm__sock_recv_all(fd, msg, ml, deadline, -1));
+  msg[ml] = 0;
+  if (status != 0)
+    return dcomm__err(status == DCOMM_EAUTH ? DCOMM_EAUTH : DCOMM_EPROTO, "handshake refused by the server: %s", msg);
+  return 0;
+}

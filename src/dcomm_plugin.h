@@ -1,0 +1,113 @@
+/*
+ * dcomm_plugin.h: the backend ABI. A backend (plugins/tcp built in,
+ * plugins/nccl as a run-time module) is one versioned ops table,
+ * struct dcomm_backend_v1; the core calls it only through this table and
+ * offers its services (logging, errors, the store, reduction kernels,
+ * sockets and the handshake) through struct dcomm_host. A plugin includes
+ * this header and dcomm.h, nothing else of the core.
+ *
+ * A module exports one symbol, "dcomm_backend_v1", of type
+ * const struct dcomm_backend_v1; the loader checks size and abi_version.
+ */
+#ifndef DCOMM_PLUGIN_H
+#define DCOMM_PLUGIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dcomm.h"
+
+#define DCOMM_BACKEND_ABI_VERSION 1
+
+enum dcomm_coll {
+  DCOMM_COLL_NONE = 0,
+  DCOMM_COLL_ALL_REDUCE,
+  DCOMM_COLL_REDUCE,
+  DCOMM_COLL_BROADCAST,
+  DCOMM_COLL_ALL_GATHER,
+  DCOMM_COLL_GATHER,
+  DCOMM_COLL_SCATTER,
+  DCOMM_COLL_REDUCE_SCATTER,
+  DCOMM_COLL_ALL_TO_ALL,
+  DCOMM_COLL_BARRIER,
+  DCOMM_COLL_SEND,
+  DCOMM_COLL_RECV,
+  DCOMM_COLL_COUNT
+};
+
+/* One operation as the core hands it to a backend. */
+struct dcomm_coll_args {
+  enum dcomm_coll coll;
+  const void *sendbuf; /* in-place ops (all_reduce, reduce, broadcast): NULL */
+  void *recvbuf;       /* all_reduce/reduce/broadcast/send: the buffer */
+  size_t count;        /* elements per rank, as in the public API */
+  dcomm_dtype_t dtype;
+  dcomm_op_t op;
+  int root;            /* root, or peer for send/recv (rank in the comm) */
+  int tag;             /* send/recv tag */
+  uint64_t seq;        /* collective sequence number in this comm (p2p: 0) */
+  double deadline;     /* absolute time on host->now()'s clock */
+  void *stream;        /* backend queue (a cudaStream_t for nccl), or NULL */
+};
+
+/* What a new communicator is made of. */
+struct dcomm_comm_spec {
+  uint64_t comm_id;       /* unique in this job and generation */
+  int rank, size;         /* this process's rank in the comm, comm size */
+  const int *world_ranks; /* world rank of each comm rank */
+  double deadline;        /* for the creation itself */
+  const char *label;      /* "world", "group 3", ... for messages */
+};
+
+/* Services of the core, valid from init to finalize. */
+struct dcomm_host {
+  size_t size;
+  int world_rank, world_size, local_rank, local_size;
+  const char *job_id, *auth_token, *listen_ip; /* listen_ip: interface to bind */
+  void *store; /* the job's store, already prefixed for this generation */
+  double (*now)(void);
+  int (*log_enabled)(int level, int subsys);
+  void (*log)(int level, int subsys, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+  int (*err)(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+  const char *(*param)(const char *name); /* raw value of a DCOMM_* variable or its default */
+  int (*store_set)(void *store, const char *key, const void *val, size_t len);
+  int (*store_get)(void *store, const char *key, double timeout, void **val, size_t *len);
+  void (*reduce)(void *dst, const void *src, size_t count, dcomm_dtype_t dt, dcomm_op_t op);
+  void (*scale_div)(void *buf, size_t count, dcomm_dtype_t dt, int n);
+  const char *(*dtype_name)(int dt);
+  const char *(*op_name)(int op);
+  int (*sock_listen)(const char *host, int port, int backlog, int *fd, int *bound_port);
+  int (*sock_connect)(const char *host, int port, double deadline, int *fd);
+  void (*sock_tune)(int fd, size_t bufsize);
+  int (*hs_server)(int fd, double deadline, uint32_t *purpose, void *hello, size_t *hello_len);
+  int (*hs_client)(int fd, uint32_t purpose, const void *hello, size_t hello_len, double deadline);
+};
+
+struct dcomm_backend_v1 {
+  size_t size;     /* sizeof(struct dcomm_backend_v1) */
+  int abi_version; /* DCOMM_BACKEND_ABI_VERSION */
+  const char *name;
+  /* Per process. A backend that cannot run here (no GPU) fails with a
+   * message naming what is missing. */
+  int (*init)(const struct dcomm_host *host, void **ctx);
+  int (*finalize)(void *ctx);
+  /* Collective over the members of spec; every member calls it. */
+  int (*comm_create)(void *ctx, const struct dcomm_comm_spec *spec, void **comm);
+  /* Clean release (after a failure the core calls comm_abort first). */
+  int (*comm_destroy)(void *comm);
+  /* Callable from any thread: every pending and later op on comm returns
+   * reason (DCOMM_EREVOKED or DCOMM_EPEERLOST) promptly. */
+  int (*comm_abort)(void *comm, int reason);
+  /* Non-blocking form: post returns a request; test sets *done and, once
+   * done, returns the op's result and frees the request; wait blocks until
+   * done or the op's deadline and frees the request. */
+  int (*post)(void *comm, const struct dcomm_coll_args *a, void **req);
+  int (*test)(void *req, int *done);
+  int (*wait)(void *req);
+  /* 0, or the error that broke comm asynchronously. */
+  int (*async_error)(void *comm);
+  /* One line for dcomm-info (device, version); optional. */
+  int (*describe)(void *ctx_or_null, char *buf, size_t len);
+};
+
+#endif

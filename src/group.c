@@ -1,0 +1,193 @@
+/*
+ * group.c: process groups. dcomm_new_group (collective over the world) and
+ * dcomm_group_split (collective over the parent) compute the member list
+ * the same way on every rank and give it a communicator id derived from the
+ * call's position and its members, so a rank that passed a different list
+ * cannot be wired into the wrong communicator.
+ */
+#include "config.h"
+#include "runtime.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "log.h"
+#include "sock.h"
+
+int dcomm__group_resolve(dcomm_group_t g, int need_member, struct dcomm_group **out) {
+  if (!dcomm__w.initialized) return dcomm__err(DCOMM_ENOTINIT, "dcomm is not initialized (call dcomm_init first)");
+  struct dcomm_group *grp = g ? g : &dcomm__w.world;
+  if (g) {
+    struct dcomm_group *it = dcomm__w.groups;
+    while (it && it != g) it = it->next;
+    if (!it) return dcomm__err(DCOMM_EINVAL, "group handle %p is not a live group (freed, or from another init)", (void *)g);
+  }
+  if (need_member && !grp->is_member)
+    return dcomm__err(DCOMM_ENOTMEMBER, "rank %d is not a member of %s", dcomm__w.rank, grp->label);
+  *out = grp;
+  return 0;
+}
+
+int dcomm__group_connect(struct dcomm_group *grp) {
+  struct dcomm_comm_spec spec = {.comm_id = grp->id,
+                                 .rank = grp->rank,
+                                 .size = grp->size,
+                                 .world_ranks = grp->world_ranks,
+                                 .deadline = dcomm__now() + grp->timeout,
+                                 .label = grp->label};
+  int rc = dcomm__w.be->comm_create(dcomm__w.be_ctx, &spec, &grp->bcomm);
+  if (rc < 0) {
+    grp->bcomm = NULL;
+    return dcomm__err_ctx(rc, "creating the communicator of %s", grp->label);
+  }
+  return 0;
+}
+
+void dcomm__group_release(struct dcomm_group *grp) {
+  if (grp->bcomm) dcomm__w.be->comm_destroy(grp->bcomm);
+  grp->bcomm = NULL;
+  free(grp->world_ranks);
+  grp->world_ranks = NULL;
+}
+
+/* Makes a group from world ranks (already validated); connects if member. */
+static int make_group(uint64_t id, const int *world_ranks, int n, const char *kind, dcomm_group_t *out) {
+  struct dcomm_group *grp = calloc(1, sizeof(*grp));
+  if (!grp) return dcomm__err(DCOMM_ENOMEM, "%s: out of memory", kind);
+  grp->world_ranks = malloc(sizeof(int) * (size_t)(n ? n : 1));
+  if (!grp->world_ranks) {
+    free(grp);
+    return dcomm__err(DCOMM_ENOMEM, "%s: out of memory", kind);
+  }
+  memcpy(grp->world_ranks, world_ranks, sizeof(int) * (size_t)n);
+  grp->id = id;
+  grp->size = n;
+  grp->rank = -1;
+  grp->timeout = dcomm__w.world.timeout;
+  for (int i = 0; i < n; i++)
+    if (world_ranks[i] == dcomm__w.rank) grp->rank = i;
+  grp->is_member = grp->rank >= 0;
+  snprintf(grp->label, sizeof(grp->label), "group %016llx", (unsigned long long)id);
+  if (grp->is_member) {
+    int rc = dcomm__group_connect(grp);
+    if (rc < 0) {
+      free(grp->world_ranks);
+      free(grp);
+      return rc;
+    }
+  }
+  grp->next = dcomm__w.groups;
+  dcomm__w.groups = grp;
+  DCOMM_LOG(INFO, GROUP, "%s: %s of %d ranks, my rank %d", kind, grp->label, n, grp->rank);
+  *out = grp;
+  return 0;
+}
+
+int dcomm_new_group(const int *world_ranks, int n, dcomm_group_t *group) {
+  struct dcomm_group *world;
+  DCOMM_CHECK(dcomm__group_resolve(NULL, 1, &world));
+  if (!group) return dcomm__err(DCOMM_EINVAL, "dcomm_new_group: group is NULL");
+  *group = NULL;
+  if (n < 1 || n > dcomm__w.size || !world_ranks)
+    return dcomm__err(DCOMM_EINVAL, "dcomm_new_group: %d ranks requested from a world of %d", n, dcomm__w.size);
+  char *seen = calloc((size_t)dcomm__w.size, 1);
+  if (!seen) return dcomm__err(DCOMM_ENOMEM, "dcomm_new_group: out of memory");
+  for (int i = 0; i < n; i++) {
+    int r = world_ranks[i];
+    if (r < 0 || r >= dcomm__w.size || seen[r]) {
+      free(seen);
+      return dcomm__err(DCOMM_EINVAL, "dcomm_new_group: rank %d at position %d is %s", r, i,
+                        r < 0 || r >= dcomm__w.size ? "out of range" : "listed twice");
+    }
+    seen[r] = 1;
+  }
+  free(seen);
+  uint64_t serial = dcomm__w.new_groups++;
+  uint64_t id = dcomm__hash64(world->id ^ (serial * 0x9e3779b97f4a7c15ull), world_ranks, sizeof(int) * (size_t)n);
+  return make_group(id, world_ranks, n, "new_group", group);
+}
+
+struct split_entry {
+  int32_t color, key, parent_rank;
+};
+
+static int cmp_split(const void *a, const void *b) {
+  const struct split_entry *x = a, *y = b;
+  if (x->key != y->key) return x->key < y->key ? -1 : 1;
+  return x->parent_rank < y->parent_rank ? -1 : x->parent_rank > y->parent_rank;
+}
+
+int dcomm_group_split(dcomm_group_t parent, int color, int key, dcomm_group_t *group) {
+  struct dcomm_group *p;
+  DCOMM_CHECK(dcomm__group_resolve(parent, 1, &p));
+  if (!group) return dcomm__err(DCOMM_EINVAL, "dcomm_group_split: group is NULL");
+  *group = NULL;
+  int32_t mine[2] = {color < 0 ? -1 : color, key};
+  int32_t *all = malloc(sizeof(int32_t) * 2 * (size_t)p->size);
+  struct split_entry *ent = malloc(sizeof(*ent) * (size_t)p->size);
+  int *members = malloc(sizeof(int) * (size_t)p->size);
+  if (!all || !ent || !members) {
+    free(all), free(ent), free(members);
+    return dcomm__err(DCOMM_ENOMEM, "dcomm_group_split: out of memory");
+  }
+  struct dcomm_coll_args a = {.coll = DCOMM_COLL_ALL_GATHER, .sendbuf = mine, .recvbuf = all, .count = 2,
+                              .dtype = DCOMM_INT32};
+  int rc = dcomm__run_op(p, &a, "group_split");
+  int n = 0;
+  if (rc == 0 && color >= 0) {
+    for (int i = 0; i < p->size; i++)
+      if (all[2 * i] == color) ent[n++] = (struct split_entry){all[2 * i], all[2 * i + 1], i};
+    qsort(ent, (size_t)n, sizeof(*ent), cmp_split);
+    for (int i = 0; i < n; i++) members[i] = p->world_ranks[ent[i].parent_rank];
+  }
+  uint64_t serial = p->splits++;
+  if (rc == 0) {
+    uint64_t seed = p->id ^ ((serial + 1) * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)(uint32_t)color << 32);
+    uint64_t id = dcomm__hash64(seed, members, sizeof(int) * (size_t)n);
+    rc = make_group(id, members, n, "group_split", group); /* n is 0 for color < 0 */
+  }
+  free(all), free(ent), free(members);
+  return rc;
+}
+
+int dcomm_group_rank(dcomm_group_t g) {
+  struct dcomm_group *grp;
+  DCOMM_CHECK(dcomm__group_resolve(g, 1, &grp));
+  return grp->rank;
+}
+
+int dcomm_group_size(dcomm_group_t g) {
+  struct dcomm_group *grp;
+  DCOMM_CHECK(dcomm__group_resolve(g, 0, &grp));
+  return grp->size;
+}
+
+int dcomm_group_world_rank(dcomm_group_t g, int group_rank) {
+  struct dcomm_group *grp;
+  DCOMM_CHECK(dcomm__group_resolve(g, 0, &grp));
+  if (group_rank < 0 || group_rank >= grp->size)
+    return dcomm__err(DCOMM_EINVAL, "rank %d is not in %s of size %d", group_rank, grp->label, grp->size);
+  return grp->world_ranks[group_rank];
+}
+
+int dcomm_group_set_timeout(dcomm_group_t g, double seconds) {
+  struct dcomm_group *grp;
+  DCOMM_CHECK(dcomm__group_resolve(g, 0, &grp));
+  if (!(seconds > 0)) return dcomm__err(DCOMM_EINVAL, "timeout must be positive, got %g", seconds);
+  grp->timeout = seconds;
+  return 0;
+}
+
+int dcomm_group_free(dcomm_group_t g) {
+  struct dcomm_group *grp;
+  if (!g) return dcomm__err(DCOMM_EINVAL, "dcomm_group_free: the world group cannot be freed (use dcomm_finalize)");
+  DCOMM_CHECK(dcomm__group_resolve(g, 0, &grp));
+  struct dcomm_group **pp = &dcomm__w.groups;
+  while (*pp != grp) pp = &(*pp)->next;
+  *pp = grp->next;
+  dcomm__group_release(grp);
+  free(grp);
+  return 0;
+}

@@ -1,0 +1,179 @@
+/*
+ * init_method.c: parsing of init-method URLs and torchrun's environment
+ * variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+ * MASTER_PORT).
+ */
+#include "config.h"
+#include "init_method.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "param.h"
+
+/* Reads an integer variable; absent leaves *out and returns 0 (present=0). */
+static int env_int(const char *name, int *out, int *present) {
+  const char *v = getenv(name);
+  long l;
+  *present = 0;
+  if (!v) return 0;
+  if (dcomm__parse_long(v, &l) || l < -1 || l > 1 << 24)
+    return dcomm__err(DCOMM_EINVAL, "%s='%s' is not a valid integer", name, v);
+  *out = (int)l;
+  *present = 1;
+  return 0;
+}
+
+/* Finds "name=" in a query string; copies the value. 1 found, 0 not. */
+static int query_get(const char *query, const char *name, char *buf, size_t len) {
+  size_t nl = strlen(name);
+  for (const char *p = query; p && *p;) {
+    const char *amp = strchr(p, '&');
+    size_t seg = amp ? (size_t)(amp - p) : strlen(p);
+    if (seg > nl && !strncmp(p, name, nl) && p[nl] == '=') {
+      size_t vl = seg - nl - 1;
+      if (vl >= len) vl = len - 1;
+      memcpy(buf, p + nl + 1, vl);
+      buf[vl] = 0;
+      return 1;
+    }
+    p = amp ? amp + 1 : NULL;
+  }
+  return 0;
+}
+
+static int query_int(const char *query, const char *name, const char *url, int *out, int *present) {
+  char v[64];
+  long l;
+  *present = 0;
+  if (!query_get(query, name, v, sizeof(v))) return 0;
+  if (dcomm__parse_long(v, &l) || l < 0 || l > 1 << 24)
+    return dcomm__err(DCOMM_EINVAL, "init method '%s': %s='%s' is not a valid integer", url, name, v);
+  *out = (int)l;
+  *present = 1;
+  return 0;
+}
+
+static int parse_port(const char *s, const char *what, int *port) {
+  long l;
+  if (dcomm__parse_long(s, &l) || l < 1 || l > 65535)
+    return dcomm__err(DCOMM_EINVAL, "%s='%s' is not a port number (1-65535)", what, s);
+  *port = (int)l;
+  return 0;
+}
+
+/* Fills local rank/size from LOCAL_RANK / LOCAL_WORLD_SIZE (defaults: one
+ * host, so local = global) and checks every value against the others. */
+static int finish(struct dcomm_init_spec *s, const char *src) {
+  int present;
+  s->local_rank = s->rank;
+  s->local_size = s->world_size;
+  DCOMM_CHECK(env_int("LOCAL_WORLD_SIZE", &s->local_size, &present));
+  int lws_present = present;
+  DCOMM_CHECK(env_int("LOCAL_RANK", &s->local_rank, &present));
+  if (!present && lws_present && s->local_size > 0) s->local_rank = s->rank % s->local_size;
+  if (s->world_size < 1) return dcomm__err(DCOMM_EINVAL, "%s: world size %d must be at least 1", src, s->world_size);
+  if (s->rank < 0 || s->rank >= s->world_size)
+    return dcomm__err(DCOMM_EINVAL, "%s: rank %d is not in [0, world size %d)", src, s->rank, s->world_size);
+  if (s->local_size < 1 || s->local_size > s->world_size)
+    return dcomm__err(DCOMM_EINVAL, "LOCAL_WORLD_SIZE=%d contradicts WORLD_SIZE=%d", s->local_size, s->world_size);
+  if (s->local_rank < 0 || s->local_rank >= s->local_size)
+    return dcomm__err(DCOMM_EINVAL, "LOCAL_RANK=%d is not in [0, LOCAL_WORLD_SIZE=%d)", s->local_rank, s->local_size);
+  s->agent_store = dcomm__param_bool(DCOMM_P_USE_AGENT_STORE);
+  return 0;
+}
+
+static int parse_env(struct dcomm_init_spec *s) {
+  int present;
+  const char *addr = getenv("MASTER_ADDR"), *port = getenv("MASTER_PORT");
+  if (!addr || !*addr) return dcomm__err(DCOMM_EINVAL, "env:// needs MASTER_ADDR (the store host), which is not set");
+  if (!port || !*port) return dcomm__err(DCOMM_EINVAL, "env:// needs MASTER_PORT, which is not set");
+  if (strlen(addr) >= sizeof(s->host)) return dcomm__err(DCOMM_EINVAL, "MASTER_ADDR is too long");
+  snprintf(s->host, sizeof(s->host), "%s", addr);
+  DCOMM_CHECK(parse_port(port, "MASTER_PORT", &s->port));
+  DCOMM_CHECK(env_int("RANK", &s->rank, &present));
+  if (!present) return dcomm__err(DCOMM_EINVAL, "env:// needs RANK, which is not set");
+  DCOMM_CHECK(env_int("WORLD_SIZE", &s->world_size, &present));
+  if (!present) return dcomm__err(DCOMM_EINVAL, "env:// needs WORLD_SIZE, which is not set");
+  return finish(s, "env://");
+}
+
+/* rank and world_size from the query, else from RANK / WORLD_SIZE. */
+static int query_rank_size(struct dcomm_init_spec *s, const char *query, const char *url) {
+  int present;
+  DCOMM_CHECK(query_int(query, "rank", url, &s->rank, &present));
+  if (!present) {
+    DCOMM_CHECK(env_int("RANK", &s->rank, &present));
+    if (!present) return dcomm__err(DCOMM_EINVAL, "init method '%s' needs ?rank=R (or RANK)", url);
+  }
+  DCOMM_CHECK(query_int(query, "world_size", url, &s->world_size, &present));
+  if (!present) {
+    DCOMM_CHECK(env_int("WORLD_SIZE", &s->world_size, &present));
+    if (!present) return dcomm__err(DCOMM_EINVAL, "init method '%s' needs &world_size=N (or WORLD_SIZE)", url);
+  }
+  return 0;
+}
+
+static int parse_tcp(struct dcomm_init_spec *s, const char *url) {
+  const char *hp = url + strlen("tcp://");
+  const char *q = strchr(hp, '?');
+  size_t hl = q ? (size_t)(q - hp) : strlen(hp);
+  char hostport[300];
+  if (hl == 0 || hl >= sizeof(hostport)) return dcomm__err(DCOMM_EINVAL, "init method '%s': expected tcp://host:port", url);
+  memcpy(hostport, hp, hl);
+  hostport[hl] = 0;
+  char *colon = strrchr(hostport, ':');
+  if (!colon) return dcomm__err(DCOMM_EINVAL, "init method '%s': missing :port", url);
+  *colon = 0;
+  char *h = hostport;
+  if (*h == '[') { /* [v6]:port */
+    h++;
+    size_t l = strlen(h);
+    if (l && h[l - 1] == ']') h[l - 1] = 0;
+  }
+  if (!*h) return dcomm__err(DCOMM_EINVAL, "init method '%s': missing host", url);
+  if (strlen(h) >= sizeof(s->host)) return dcomm__err(DCOMM_EINVAL, "init method '%s': host name too long", url);
+  memcpy(s->host, h, strlen(h) + 1);
+  DCOMM_CHECK(parse_port(colon + 1, "tcp:// port", &s->port));
+  DCOMM_CHECK(query_rank_size(s, q ? q + 1 : "", url));
+  return finish(s, url);
+}
+
+static int parse_file(struct dcomm_init_spec *s, const char *url) {
+  const char *p = url + strlen("file://");
+  const char *q = strchr(p, '?');
+  size_t pl = q ? (size_t)(q - p) : strlen(p);
+  if (pl == 0 || p[0] != '/') return dcomm__err(DCOMM_EINVAL, "init method '%s': expected file:///absolute/path", url);
+  if (pl >= sizeof(s->path)) return dcomm__err(DCOMM_EINVAL, "init method '%s': path too long", url);
+  memcpy(s->path, p, pl);
+  s->path[pl] = 0;
+  DCOMM_CHECK(query_rank_size(s, q ? q + 1 : "", url));
+  return finish(s, url);
+}
+
+int dcomm__init_spec_parse(const char *url, struct dcomm_init_spec *out) {
+  memset(out, 0, sizeof(*out));
+  if (!url || !*url) url = dcomm__param_str(DCOMM_P_INIT_METHOD);
+  if (!url || !*url) {
+    if (getenv("MASTER_ADDR")) url = "env://";
+    else
+      return dcomm__err(DCOMM_EINVAL,
+                        "no init method: pass one (env://, tcp://host:port?rank=R&world_size=N, file:///path?...) "
+                        "or set MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE");
+  }
+  if (!strncmp(url, "env://", 6)) {
+    out->kind = DCOMM_IM_ENV;
+    return parse_env(out);
+  }
+  if (!strncmp(url, "tcp://", 6)) {
+    out->kind = DCOMM_IM_TCP;
+    return parse_tcp(out, url);
+  }
+  if (!strncmp(url, "file://", 7)) {
+    out->kind = DCOMM_IM_FILE;
+    return parse_file(out, url);
+  }
+  return dcomm__err(DCOMM_EINVAL, "unknown init method '%s' (expected env://, tcp:// or file://)", url);
+}

@@ -1,0 +1,24 @@
+/*
+ * init_method.h: turns an init method (env://, tcp://, file://, or none:
+ * detect) into the facts dcomm_init needs: rank, world size, local rank,
+ * and where the store is. Missing or contradictory values are DCOMM_EINVAL
+ * naming the variable.
+ */
+#ifndef DCOMM_INIT_METHOD_H
+#define DCOMM_INIT_METHOD_H
+
+enum dcomm_init_kind { DCOMM_IM_ENV = 1, DCOMM_IM_TCP, DCOMM_IM_FILE };
+
+struct dcomm_init_spec {
+  enum dcomm_init_kind kind;
+  int rank, world_size, local_rank, local_size;
+  char host[256]; /* tcp store host (env://: MASTER_ADDR) */
+  int port;
+  char path[1024]; /* file:// path */
+  int agent_store; /* 1: a launcher hosts the store; rank 0 starts none */
+};
+
+/* url NULL or "": DCOMM_INIT_METHOD, else env:// when MASTER_ADDR is set. */
+int dcomm__init_spec_parse(const char *url, struct dcomm_init_spec *out);
+
+#endif

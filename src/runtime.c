@@ -1,0 +1,244 @@
+/*
+ * runtime.c: dcomm_init / dcomm_finalize and the world's identity. init
+ * parses the init method, sets up the store (rank 0 hosts the embedded
+ * server unless a launcher does), loads the backend and builds the world
+ * communicator.
+ */
+#include "config.h"
+#include "runtime.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "auth.h"
+#include "error.h"
+#include "init_method.h"
+#include "log.h"
+#include "param.h"
+#include "reduce.h"
+#include "sock.h"
+#include "store.h"
+
+struct dcomm_world dcomm__w = {.lock = PTHREAD_MUTEX_INITIALIZER};
+static char file_store_path[1024];
+
+uint64_t dcomm__hash64(uint64_t seed, const void *data, size_t len) {
+  uint64_t h = 1469598103934665603ull ^ seed;
+  const unsigned char *p = data;
+  for (size_t i = 0; i < len; i++) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+/* ---- services offered to backends (struct dcomm_host) ---- */
+
+static void host_log(int level, int subsys, const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  dcomm__log(level, subsys, "%s", msg);
+}
+
+static int host_err(int code, const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  return dcomm__err(code, "%s", msg);
+}
+
+static int host_store_set(void *s, const char *key, const void *val, size_t len) {
+  return dcomm__store_set(s, key, val, len);
+}
+
+static int host_store_get(void *s, const char *key, double timeout, void **val, size_t *len) {
+  return dcomm__store_get(s, key, timeout, val, len);
+}
+
+static int host_hs_server(int fd, double deadline, uint32_t *purpose, void *hello, size_t *hello_len) {
+  struct dcomm_hs_peer peer;
+  DCOMM_CHECK(dcomm__hs_server(fd, dcomm__w.job_id, dcomm__w.token, deadline, &peer));
+  *purpose = peer.purpose;
+  size_t n = peer.hello_len < *hello_len ? peer.hello_len : *hello_len;
+  memcpy(hello, peer.hello, n);
+  *hello_len = n;
+  return 0;
+}
+
+static int host_hs_client(int fd, uint32_t purpose, const void *hello, size_t hello_len, double deadline) {
+  return dcomm__hs_client(fd, dcomm__w.job_id, dcomm__w.token, purpose, hello, hello_len, deadline);
+}
+
+static void fill_host(struct dcomm_world *w) {
+  struct dcomm_host *h = &w->host;
+  memset(h, 0, sizeof(*h));
+  h->size = sizeof(*h);
+  h->world_rank = w->rank;
+  h->world_size = w->size;
+  h->local_rank = w->local_rank;
+  h->local_size = w->local_size;
+  h->job_id = w->job_id;
+  h->auth_token = w->token;
+  h->listen_ip = w->listen_ip;
+  h->store = w->store;
+  h->now = dcomm__now;
+  h->log_enabled = dcomm__log_enabled;
+  h->log = host_log;
+  h->err = host_err;
+  h->param = dcomm__param_by_name;
+  h->store_set = host_store_set;
+  h->store_get = host_store_get;
+  h->reduce = dcomm__reduce;
+  h->scale_div = dcomm__scale_div;
+  h->dtype_name = dcomm__dtype_name;
+  h->op_name = dcomm__op_name;
+  h->sock_listen = dcomm__sock_listen;
+  h->sock_connect = dcomm__sock_connect;
+  h->sock_tune = dcomm__sock_tune;
+  h->hs_server = host_hs_server;
+  h->hs_client = host_hs_client;
+}
+
+/* ---- init / finalize ---- */
+
+static int setup_store(struct dcomm_world *w, const struct dcomm_init_spec *spec) {
+  double timeout = dcomm__param_double(DCOMM_P_TIMEOUT);
+  double ctimeout = dcomm__param_double(DCOMM_P_CONNECT_TIMEOUT);
+  if (spec->kind == DCOMM_IM_FILE) {
+    snprintf(file_store_path, sizeof(file_store_path), "%s", spec->path);
+    DCOMM_CHECK(dcomm__store_file_open(spec->path, timeout, &w->store));
+    const char *ifaddr = dcomm__param_str(DCOMM_P_SOCKET_IFADDR);
+    snprintf(w->listen_ip, sizeof(w->listen_ip), "%s", *ifaddr ? ifaddr : "127.0.0.1");
+    return 0;
+  }
+  file_store_path[0] = 0;
+  if (spec->rank == 0 && !spec->agent_store) {
+    int rc = dcomm__store_server_start(NULL, spec->port, w->job_id, w->token, &w->server);
+    if (rc < 0) return dcomm__err_ctx(rc, "rank 0 cannot host the store on port %d (is MASTER_PORT in use?)", spec->port);
+  }
+  int rc = dcomm__store_tcp_connect(spec->host, spec->port, w->job_id, w->token, ctimeout, timeout, &w->store);
+  if (rc < 0) return dcomm__err_ctx(rc, "cannot reach the store at %s:%d", spec->host, spec->port);
+  const char *ifaddr = dcomm__param_str(DCOMM_P_SOCKET_IFADDR);
+  if (*ifaddr) snprintf(w->listen_ip, sizeof(w->listen_ip), "%s", ifaddr);
+  else DCOMM_CHECK(dcomm__store_tcp_local_ip(w->store, w->listen_ip, sizeof(w->listen_ip)));
+  return 0;
+}
+
+static void teardown(struct dcomm_world *w) {
+  while (w->groups) {
+    struct dcomm_group *g = w->groups;
+    w->groups = g->next;
+    dcomm__group_release(g);
+    free(g);
+  }
+  if (w->world.bcomm) w->be->comm_destroy(w->world.bcomm);
+  w->world.bcomm = NULL;
+  free(w->world.world_ranks);
+  w->world.world_ranks = NULL;
+  if (w->be_ctx) w->be->finalize(w->be_ctx);
+  w->be_ctx = NULL;
+  dcomm__backend_unload(w->be_module);
+  w->be_module = NULL;
+  w->be = NULL;
+  if (w->store) dcomm__store_close(w->store);
+  w->store = NULL;
+  if (w->server) dcomm__store_server_stop(w->server);
+  w->server = NULL;
+  w->initialized = 0;
+}
+
+int dcomm_init(const char *backend, const char *init_method) {
+  struct dcomm_world *w = &dcomm__w;
+  struct dcomm_init_spec spec;
+  int rc;
+  dcomm__err_clear();
+  if (w->initialized) return dcomm__err(DCOMM_EINVAL, "dcomm_init: already initialized (call dcomm_finalize first)");
+  dcomm__log_setup();
+  DCOMM_CHECK(dcomm__params_load());
+  DCOMM_CHECK(dcomm__init_spec_parse(init_method, &spec));
+  if (!backend || !*backend) backend = dcomm__param_str(DCOMM_P_BACKEND);
+  snprintf(w->backend_name, sizeof(w->backend_name), "%s", backend);
+  w->rank = spec.rank;
+  w->size = spec.world_size;
+  w->local_rank = spec.local_rank;
+  w->local_size = spec.local_size;
+  w->generation = 0;
+  dcomm__log_set_identity(w->rank, w->generation);
+  const char *job = dcomm__param_str(DCOMM_P_JOB_ID);
+  snprintf(w->job_id, sizeof(w->job_id), "%s", *job ? job : "default");
+  snprintf(w->token, sizeof(w->token), "%s", dcomm__param_str(DCOMM_P_AUTH_TOKEN));
+  if (strlen(w->job_id) > DCOMM_HS_MAX_JOB) return dcomm__err(DCOMM_EINVAL, "DCOMM_JOB_ID is longer than %d bytes", DCOMM_HS_MAX_JOB);
+
+  rc = dcomm__backend_load(backend, &w->be, &w->be_module);
+  if (rc < 0) return rc;
+  double t0 = dcomm__now();
+  if ((rc = setup_store(w, &spec)) < 0) goto fail;
+  char prefix[64];
+  snprintf(prefix, sizeof(prefix), "g%ld/", w->generation);
+  if ((rc = dcomm__store_set_prefix(w->store, prefix)) < 0) goto fail;
+  fill_host(w);
+  if ((rc = w->be->init(&w->host, &w->be_ctx)) < 0) {
+    w->be_ctx = NULL;
+    goto fail;
+  }
+  struct dcomm_group *wg = &w->world;
+  memset(wg, 0, sizeof(*wg));
+  wg->id = dcomm__hash64((uint64_t)w->generation, "world", 5);
+  wg->is_member = 1;
+  wg->rank = w->rank;
+  wg->size = w->size;
+  wg->timeout = dcomm__param_double(DCOMM_P_TIMEOUT);
+  snprintf(wg->label, sizeof(wg->label), "world");
+  wg->world_ranks = malloc(sizeof(int) * (size_t)w->size);
+  if (!wg->world_ranks) {
+    rc = dcomm__err(DCOMM_ENOMEM, "dcomm_init: out of memory");
+    goto fail;
+  }
+  for (int i = 0; i < w->size; i++) wg->world_ranks[i] = i;
+  w->initialized = 1; /* group_connect needs the world */
+  if ((rc = dcomm__group_connect(wg)) < 0) goto fail;
+  DCOMM_LOG(INFO, INIT, "initialized: rank %d of %d (local %d of %d), backend %s, job %s, %.3f s", w->rank, w->size,
+            w->local_rank, w->local_size, w->be->name, w->job_id, dcomm__now() - t0);
+  return 0;
+fail:
+  DCOMM_LOG(WARN, INIT, "dcomm_init failed: %s", dcomm_last_error());
+  {
+    char saved[1024];
+    snprintf(saved, sizeof(saved), "%s", dcomm_last_error());
+    teardown(w);
+    dcomm__err(rc, "%s", saved);
+  }
+  return rc;
+}
+
+int dcomm_finalize(void) {
+  struct dcomm_world *w = &dcomm__w;
+  if (!w->initialized) return dcomm__err(DCOMM_ENOTINIT, "dcomm_finalize: not initialized");
+  /* Count the ranks that are done, so the rank hosting the store (and the
+   * last user of a shared file) can wait for the others, bounded. */
+  int64_t done = 0;
+  int counted = w->store && dcomm__store_add(w->store, "finalized", 1, &done) == 0;
+  if (counted && w->server) {
+    double until = dcomm__now() + 5.0;
+    while (done < w->size && dcomm__now() < until) {
+      usleep(2000);
+      if (dcomm__store_add(w->store, "finalized", 0, &done) < 0) break;
+    }
+  }
+  int last = counted && done >= w->size;
+  teardown(w);
+  if (last && file_store_path[0]) unlink(file_store_path);
+  return 0;
+}
+
+int dcomm_initialized(void) { return dcomm__w.initialized; }
+int dcomm_rank(void) { return dcomm__w.initialized ? dcomm__w.rank : DCOMM_ENOTINIT; }
+int dcomm_world_size(void) { return dcomm__w.initialized ? dcomm__w.size : DCOMM_ENOTINIT; }
+int dcomm_local_rank(void) { return dcomm__w.initialized ? dcomm__w.local_rank : DCOMM_ENOTINIT; }
+int dcomm_local_world_size(void) { return dcomm__w.initialized ? dcomm__w.local_size : DCOMM_ENOTINIT; }
+const char *dcomm_backend_name(void) { return dcomm__w.initialized ? dcomm__w.be->name : NULL; }

@@ -1,0 +1,69 @@
+/*
+ * runtime.h: the process-wide state behind the public API (one world per
+ * process) and the group object. Internal to the core.
+ */
+#ifndef DCOMM_RUNTIME_H
+#define DCOMM_RUNTIME_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "dcomm.h"
+#include "dcomm_plugin.h"
+
+struct dcomm_store;
+struct dcomm_store_server;
+
+struct dcomm_group {
+  uint64_t id;      /* communicator id, equal on every member */
+  int is_member;    /* 0: a handle held by a non-member */
+  int rank, size;   /* this process's rank in the group, group size */
+  int *world_ranks; /* size entries */
+  void *bcomm;      /* backend communicator (members only) */
+  double timeout;   /* seconds per operation */
+  uint64_t seq;     /* collectives issued so far */
+  uint64_t splits;  /* dcomm_group_split calls on this group so far */
+  int broken;       /* first error that broke the communicator, or 0 */
+  char label[32];
+  struct dcomm_group *next;
+};
+
+struct dcomm_world {
+  int initialized;
+  int rank, size, local_rank, local_size;
+  long generation;
+  char job_id[256];
+  char token[256];
+  char listen_ip[64];
+  char backend_name[33];
+  struct dcomm_store *store;
+  struct dcomm_store_server *server;
+  const struct dcomm_backend_v1 *be;
+  void *be_ctx, *be_module;
+  struct dcomm_host host;
+  struct dcomm_group world;  /* the world group (dcomm_group_t NULL) */
+  struct dcomm_group *groups; /* sub-groups, newest first */
+  uint64_t new_groups;        /* dcomm_new_group calls so far */
+  pthread_mutex_t lock;
+};
+
+extern struct dcomm_world dcomm__w;
+
+/* plugin_loader.c */
+int dcomm__backend_load(const char *name, const struct dcomm_backend_v1 **be, void **handle);
+void dcomm__backend_unload(void *handle);
+
+/* group.c */
+/* Resolves a handle (NULL: world); requires init and, if need_member, membership. */
+int dcomm__group_resolve(dcomm_group_t g, int need_member, struct dcomm_group **out);
+/* Creates the backend communicator for a filled-in group (members only). */
+int dcomm__group_connect(struct dcomm_group *grp);
+void dcomm__group_release(struct dcomm_group *grp);
+
+/* collectives.c: runs one op through the backend (post + wait). */
+int dcomm__run_op(struct dcomm_group *grp, struct dcomm_coll_args *a, const char *what);
+
+/* A stable 64-bit id from a label and data (FNV-1a). */
+uint64_t dcomm__hash64(uint64_t seed, const void *data, size_t len);
+
+#endif

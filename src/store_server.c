@@ -1,0 +1,720 @@
+/*
+ * store_server.c: the embedded TCP store that rank 0 (or the launcher) hosts.
+ *
+ * Deliberately simple: a listener thread accepts connections and starts one
+ * thread per connection; one mutex guards the key map and one condition
+ * variable wakes blocked GET/WAIT requests whenever a key is written. The
+ * wire format is described in store_proto.h.
+ *
+ * Shutdown: dcomm__store_server_stop sets `stopping`, shuts down every
+ * connection socket (which wakes a thread blocked in the handshake or in
+ * recv), broadcasts the condition variable (which wakes blocked GETs), and
+ * writes the stop pipe (which wakes the listener and any socket wait that
+ * uses it as abort descriptor). Then it joins every thread and frees all.
+ *
+ * Descriptor ownership: a connection thread closes its own socket, under the
+ * mutex, and sets fd to -1, so that stop never shuts down a descriptor
+ * number that has been closed and reused.
+ */
+#define _GNU_SOURCE
+#include "config.h"
+#include "store.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "auth.h"
+#include "error.h"
+#include "log.h"
+#include "param.h"
+#include "sock.h"
+#include "store_proto.h"
+
+/* Connections beyond this are closed at once rather than given a thread. */
+#define MAX_CONNS 4096
+#define CONN_STACK_SIZE (512 * 1024)
+
+/* ---- the key map: a chained hash table ---- */
+
+struct entry {
+  struct entry *next;
+  uint64_t hash;
+  size_t klen, vlen;
+  unsigned char *val;
+  char key[]; /* NUL-terminated */
+};
+
+struct map {
+  struct entry **b;
+  size_t nb, n;
+};
+
+static uint64_t hash_key(const char *k, size_t n) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)k[i]) * 1099511628211ull;
+  return h;
+}
+
+static struct entry *map_find(const struct map *m, const char *k, size_t kl) {
+  if (!m->nb) return NULL;
+  uint64_t h = hash_key(k, kl);
+  for (struct entry *e = m->b[h % m->nb]; e; e = e->next)
+    if (e->hash == h && e->klen == kl && memcmp(e->key, k, kl) == 0) return e;
+  return NULL;
+}
+
+static int map_grow(struct map *m) {
+  size_t nb = m->nb ? m->nb * 2 : 256;
+  struct entry **b = calloc(nb, sizeof(*b));
+  if (!b) return DCOMM_ENOMEM;
+  for (size_t i = 0; i < m->nb; i++)
+    for (struct entry *e = m->b[i], *nx; e; e = nx) {
+      nx = e->next;
+      e->next = b[e->hash % nb];
+      b[e->hash % nb] = e;
+    }
+  free(m->b);
+  m->b = b;
+  m->nb = nb;
+  return 0;
+}
+
+/* Stores val (taking ownership of the malloc'd buffer) under k. */
+static int map_put(struct map *m, const char *k, size_t kl, unsigned char *val, size_t vl) {
+  struct entry *e = map_find(m, k, kl);
+  if (e) {
+    free(e->val);
+    e->val = val;
+    e->vlen = vl;
+    return 0;
+  }
+  if (m->n >= m->nb * 3 / 4 && map_grow(m) < 0) return DCOMM_ENOMEM;
+  e = malloc(sizeof(*e) + kl + 1);
+  if (!e) return DCOMM_ENOMEM;
+  e->hash = hash_key(k, kl);
+  e->klen = kl;
+  memcpy(e->key, k, kl);
+  e->key[kl] = 0;
+  e->val = val;
+  e->vlen = vl;
+  e->next = m->b[e->hash % m->nb];
+  m->b[e->hash % m->nb] = e;
+  m->n++;
+  return 0;
+}
+
+static int map_del(struct map *m, const char *k, size_t kl) {
+  if (!m->nb) return 0;
+  uint64_t h = hash_key(k, kl);
+  for (struct entry **pp = &m->b[h % m->nb]; *pp; pp = &(*pp)->next) {
+    struct entry *e = *pp;
+    if (e->hash == h && e->klen == kl && memcmp(e->key, k, kl) == 0) {
+      *pp = e->next;
+      free(e->val);
+      free(e);
+      m->n--;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+static void map_free(struct map *m) {
+  for (size_t i = 0; i < m->nb; i++)
+    for (struct entry *e = m->b[i], *nx; e; e = nx) {
+      nx = e->next;
+      free(e->val);
+      free(e);
+    }
+  free(m->b);
+  m->b = NULL;
+  m->nb = m->n = 0;
+}
+
+/* ---- server state ---- */
+
+struct conn {
+  struct conn *next;
+  struct dcomm_store_server *srv;
+  int fd; /* -1 once the connection thread has closed it */
+  int done;
+  pthread_t th;
+};
+
+struct dcomm_store_server {
+  int lfd, port;
+  int stop_pipe[2]; /* written once by stop, never drained */
+  int reap_pipe[2]; /* a finished connection thread pokes the listener */
+  pthread_t listener;
+  pthread_mutex_t mu;
+  pthread_cond_t cv; /* CLOCK_MONOTONIC; broadcast on every write */
+  int stopping;
+  int nconns;
+  struct conn *conns;
+  struct map map;
+  char *job_id, *token;
+};
+
+/* Per-request scratch that the handlers fill and free. */
+struct req {
+  char *key;
+  size_t klen;
+  unsigned char *val, *val2;
+  size_t vlen, vlen2;
+};
+
+static void req_free(struct req *r) {
+  free(r->key);
+  free(r->val);
+  free(r->val2);
+  memset(r, 0, sizeof(*r));
+}
+
+static void abs_time(double deadline, struct timespec *ts) {
+  /* Both clocks are CLOCK_MONOTONIC; the cap keeps the conversion finite. */
+  double left = deadline - dcomm__now();
+  if (left > 1e9) left = 1e9;
+  clock_gettime(CLOCK_MONOTONIC, ts);
+  if (left <= 0) return;
+  double whole = floor(left);
+  ts->tv_sec += (time_t)whole;
+  ts->tv_nsec += (long)((left - whole) * 1e9);
+  if (ts->tv_nsec >= 1000000000L) {
+    ts->tv_sec++;
+    ts->tv_nsec -= 1000000000L;
+  }
+}
+
+static double frame_timeout(void) {
+  double t = dcomm__param_double(DCOMM_P_TIMEOUT);
+  return t < 10 ? 10 : t;
+}
+
+/* ---- responses ---- */
+
+static int send_error(struct conn *c, int status, int closing, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Sends an error answer; returns status when the connection stays usable
+ * (closing 0) and DCOMM_EPROTO-style "close me" otherwise. */
+static int send_error(struct conn *c, int status, int closing, const char *fmt, ...) {
+  unsigned char buf[4 + 1 + 2 + DCOMM_STORE_MAX_ERRMSG + 1], *p = buf;
+  char msg[DCOMM_STORE_MAX_ERRMSG + 1];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  size_t ml = strlen(msg);
+  p = dcomm__store_put_u32(p, (uint32_t)(int32_t)status);
+  p = dcomm__store_put_u8(p, (uint8_t)(closing != 0));
+  uint16_t ml16 = htons((uint16_t)ml);
+  memcpy(p, &ml16, 2);
+  p += 2;
+  memcpy(p, msg, ml);
+  p += ml;
+  /* A short deadline: the peer may already be gone (truncated frame). */
+  int rc = dcomm__sock_send_all(c->fd, buf, (size_t)(p - buf), dcomm__now() + (closing ? 1.0 : frame_timeout()),
+                                c->srv->stop_pipe[0]);
+  if (closing) {
+    DCOMM_LOG(WARN, STORE, "store server: closing a connection: %s", msg);
+    return -1;
+  }
+  return rc < 0 ? rc : 0;
+}
+
+/* Status 0 followed by an optional fixed part and an optional payload. */
+static int send_ok(struct conn *c, const unsigned char *fixed, size_t flen, const void *payload, size_t plen) {
+  unsigned char head[4 + 16];
+  double dl = dcomm__now() + frame_timeout();
+  dcomm__store_put_u32(head, 0);
+  memcpy(head + 4, fixed, flen);
+  DCOMM_CHECK(dcomm__sock_send_all(c->fd, head, 4 + flen, dl, c->srv->stop_pipe[0]));
+  if (plen) DCOMM_CHECK(dcomm__sock_send_all(c->fd, payload, plen, dl, c->srv->stop_pipe[0]));
+  return 0;
+}
+
+/* ---- request parsing ---- */
+
+/* Turns a failed read in the middle of a frame into the right ending. */
+static int read_failed(struct conn *c, int rc) {
+  if (rc == DCOMM_EPEERLOST) return send_error(c, DCOMM_EPROTO, 1, "truncated frame");
+  if (rc == DCOMM_ETIMEDOUT) return send_error(c, DCOMM_EPROTO, 1, "frame not completed in time");
+  return rc; /* stop, or a socket failure: nothing to answer */
+}
+
+static int read_fixed(struct conn *c, void *buf, size_t n, double dl) {
+  int rc = dcomm__sock_recv_all(c->fd, buf, n, dl, c->srv->stop_pipe[0]);
+  return rc < 0 ? read_failed(c, rc) : 0;
+}
+
+static int read_u32(struct conn *c, uint32_t *v, double dl) {
+  unsigned char b[4];
+  DCOMM_CHECK(read_fixed(c, b, 4, dl));
+  *v = dcomm__store_get_u32(b);
+  return 0;
+}
+
+static int read_u64(struct conn *c, uint64_t *v, double dl) {
+  unsigned char b[8];
+  DCOMM_CHECK(read_fixed(c, b, 8, dl));
+  *v = dcomm__store_get_u64(b);
+  return 0;
+}
+
+/* str key: bounded before anything is allocated. */
+static int read_key(struct conn *c, char **key, size_t *klen, double dl) {
+  uint32_t n;
+  DCOMM_CHECK(read_u32(c, &n, dl));
+  if (n == 0 || n > DCOMM_STORE_PROTO_MAX_KEY)
+    return send_error(c, DCOMM_EPROTO, 1, "key length %" PRIu32 " out of range 1..%d", n, DCOMM_STORE_PROTO_MAX_KEY);
+  char *k = malloc((size_t)n + 1);
+  if (!k) return send_error(c, DCOMM_ENOMEM, 1, "out of memory");
+  int rc = read_fixed(c, k, n, dl);
+  if (rc < 0) {
+    free(k);
+    return rc;
+  }
+  k[n] = 0;
+  if (memchr(k, 0, n)) {
+    free(k);
+    return send_error(c, DCOMM_EPROTO, 1, "key contains a NUL byte");
+  }
+  *key = k;
+  *klen = n;
+  return 0;
+}
+
+/* str value: a length over DCOMM_STORE_MAX_VALUE is refused unread. */
+static int read_value(struct conn *c, unsigned char **val, size_t *vlen, double dl) {
+  uint32_t n;
+  DCOMM_CHECK(read_u32(c, &n, dl));
+  size_t max = dcomm__param_size(DCOMM_P_STORE_MAX_VALUE);
+  if (n > max) return send_error(c, DCOMM_EINVAL, 1, "value of %" PRIu32 " bytes exceeds DCOMM_STORE_MAX_VALUE (%zu)", n, max);
+  unsigned char *v = malloc(n ? n : 1);
+  if (!v) return send_error(c, DCOMM_ENOMEM, 1, "out of memory");
+  int rc = read_fixed(c, v, n, dl);
+  if (rc < 0) {
+    free(v);
+    return rc;
+  }
+  *val = v;
+  *vlen = n;
+  return 0;
+}
+
+static unsigned char *dup_bytes(const unsigned char *p, size_t n) {
+  unsigned char *d = malloc(n ? n : 1);
+  if (d && n) memcpy(d, p, n);
+  return d;
+}
+
+/* Waits (mutex held) until wake-up, deadline or stop. Returns 1 when the
+ * client has hung up meanwhile: a blocked request then ends early instead of
+ * holding its thread until a possibly very long timeout. */
+static int wait_a_while(struct conn *c, double deadline) {
+  struct dcomm_store_server *srv = c->srv;
+  struct timespec ts;
+  double until = deadline < dcomm__now() + 1.0 ? deadline : dcomm__now() + 1.0;
+  abs_time(until, &ts);
+  pthread_cond_timedwait(&srv->cv, &srv->mu, &ts);
+  struct pollfd p = {.fd = c->fd, .events = POLLRDHUP};
+  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+/* ---- command handlers: each reads the rest of its frame and answers ---- */
+
+static int do_set(struct conn *c, struct req *r, double dl) {
+  struct dcomm_store_server *srv = c->srv;
+  DCOMM_CHECK(read_key(c, &r->key, &r->klen, dl));
+  DCOMM_CHECK(read_value(c, &r->val, &r->vlen, dl));
+  pthread_mutex_lock(&srv->mu);
+  int rc = map_put(&srv->map, r->key, r->klen, r->val, r->vlen);
+  if (rc == 0) r->val = NULL; /* the map owns it now */
+  pthread_cond_broadcast(&srv->cv);
+  pthread_mutex_unlock(&srv->mu);
+  if (rc < 0) return send_error(c, DCOMM_ENOMEM, 0, "out of memory");
+  return send_ok(c, NULL, 0, NULL, 0);
+}
+
+static int do_get(struct conn *c, struct req *r, double dl) {
+  struct dcomm_store_server *srv = c->srv;
+  uint64_t ms;
+  DCOMM_CHECK(read_key(c, &r->key, &r->klen, dl));
+  DCOMM_CHECK(read_u64(c, &ms, dl));
+  double deadline = dcomm__now() + (double)ms / 1000.0;
+  int gone = 0;
+  struct entry *e;
+  pthread_mutex_lock(&srv->mu);
+  while (!(e = map_find(&srv->map, r->key, r->klen)) && !srv->stopping && !gone && dcomm__now() < deadline)
+    gone = wait_a_while(c, deadline);
+  if (e) {
+    r->val = dup_bytes(e->val, e->vlen);
+    r->vlen = e->vlen;
+  }
+  int stopping = srv->stopping;
+  pthread_mutex_unlock(&srv->mu);
+  if (stopping || gone) return -1;
+  if (!e) return send_error(c, DCOMM_ETIMEDOUT, 0, "key '%.200s' not set within %.3f s", r->key, (double)ms / 1000.0);
+  if (!r->val) return send_error(c, DCOMM_ENOMEM, 0, "out of memory");
+  unsigned char f[4];
+  dcomm__store_put_u32(f, (uint32_t)r->vlen);
+  return send_ok(c, f, 4, r->val, r->vlen);
+}
+
+/* Parses a stored decimal integer; 0 or DCOMM_EINVAL. */
+static int parse_int64(const unsigned char *v, size_t n, int64_t *out) {
+  char buf[32];
+  if (n == 0 || n >= sizeof(buf)) return DCOMM_EINVAL;
+  memcpy(buf, v, n);
+  buf[n] = 0;
+  size_t i = (buf[0] == '-' || buf[0] == '+') ? 1 : 0;
+  if (!buf[i]) return DCOMM_EINVAL;
+  for (size_t j = i; j < n; j++)
+    if (buf[j] < '0' || buf[j] > '9') return DCOMM_EINVAL;
+  errno = 0;
+  long long x = strtoll(buf, NULL, 10);
+  if (errno) return DCOMM_EINVAL;
+  *out = (int64_t)x;
+  return 0;
+}
+
+static int do_add(struct conn *c, struct req *r, double dl) {
+  struct dcomm_store_server *srv = c->srv;
+  uint64_t d;
+  DCOMM_CHECK(read_key(c, &r->key, &r->klen, dl));
+  DCOMM_CHECK(read_u64(c, &d, dl));
+  int64_t delta = (int64_t)d, cur = 0, res;
+  int rc = 0;
+  pthread_mutex_lock(&srv->mu);
+  struct entry *e = map_find(&srv->map, r->key, r->klen);
+  if (e && parse_int64(e->val, e->vlen, &cur) < 0) rc = 1;
+  else if (__builtin_add_overflow(cur, delta, &res)) rc = 2;
+  else {
+    char txt[32];
+    int n = snprintf(txt, sizeof(txt), "%" PRId64, res);
+    unsigned char *v = dup_bytes((unsigned char *)txt, (size_t)n);
+    if (!v || map_put(&srv->map, r->key, r->klen, v, (size_t)n) < 0) {
+      free(v);
+      rc = 3;
+    }
+    pthread_cond_broadcast(&srv->cv);
+  }
+  pthread_mutex_unlock(&srv->mu);
+  if (rc == 1) return send_error(c, DCOMM_EINVAL, 0, "add: the value of '%.200s' is not a decimal integer", r->key);
+  if (rc == 2) return send_error(c, DCOMM_EINVAL, 0, "add: '%.200s' would overflow int64", r->key);
+  if (rc == 3) return send_error(c, DCOMM_ENOMEM, 0, "out of memory");
+  unsigned char f[8];
+  dcomm__store_put_u64(f, (uint64_t)res);
+  return send_ok(c, f, 8, NULL, 0);
+}
+
+static int do_cas(struct conn *c, struct req *r, double dl) {
+  struct dcomm_store_server *srv = c->srv;
+  unsigned char has;
+  DCOMM_CHECK(read_key(c, &r->key, &r->klen, dl));
+  DCOMM_CHECK(read_fixed(c, &has, 1, dl));
+  if (has > 1) return send_error(c, DCOMM_EPROTO, 1, "compare_set: has_expected is %u", has);
+  DCOMM_CHECK(read_value(c, &r->val, &r->vlen, dl));
+  if (!has && r->vlen) return send_error(c, DCOMM_EPROTO, 1, "compare_set: expected bytes with has_expected 0");
+  DCOMM_CHECK(read_value(c, &r->val2, &r->vlen2, dl));
+  unsigned char *cur = NULL;
+  size_t clen = 0;
+  int present = 0, nomem = 0;
+  pthread_mutex_lock(&srv->mu);
+  struct entry *e = map_find(&srv->map, r->key, r->klen);
+  int match = has ? (e && e->vlen == r->vlen && memcmp(e->val, r->val, r->vlen) == 0) : !e;
+  if (match) {
+    cur = dup_bytes(r->val2, r->vlen2);
+    if (!cur || map_put(&srv->map, r->key, r->klen, r->val2, r->vlen2) < 0) nomem = 1;
+    else r->val2 = NULL;
+    clen = r->vlen2;
+    present = 1;
+    pthread_cond_broadcast(&srv->cv);
+  } else if (e) {
+    cur = dup_bytes(e->val, e->vlen);
+    nomem = !cur;
+    clen = e->vlen;
+    present = 1;
+  }
+  pthread_mutex_unlock(&srv->mu);
+  if (nomem) {
+    free(cur);
+    return send_error(c, DCOMM_ENOMEM, 0, "out of memory");
+  }
+  unsigned char f[5];
+  dcomm__store_put_u32(dcomm__store_put_u8(f, (uint8_t)present), (uint32_t)clen);
+  int rc = send_ok(c, f, 5, cur, clen);
+  free(cur);
+  return rc;
+}
+
+static int do_wait(struct conn *c, struct req *r, double dl) {
+  struct dcomm_store_server *srv = c->srv;
+  uint64_t ms;
+  uint32_t n;
+  DCOMM_CHECK(read_u64(c, &ms, dl));
+  DCOMM_CHECK(read_u32(c, &n, dl));
+  if (n > DCOMM_STORE_MAX_WAIT_KEYS)
+    return send_error(c, DCOMM_EPROTO, 1, "wait: %" PRIu32 " keys (at most %d)", n, DCOMM_STORE_MAX_WAIT_KEYS);
+  char **keys = calloc(n ? n : 1, sizeof(*keys));
+  size_t *lens = calloc(n ? n : 1, sizeof(*lens));
+  int rc = 0;
+  if (!keys || !lens) rc = send_error(c, DCOMM_ENOMEM, 1, "out of memory");
+  for (uint32_t i = 0; rc == 0 && i < n; i++) rc = read_key(c, &keys[i], &lens[i], dl);
+  if (rc == 0) {
+    double deadline = dcomm__now() + (double)ms / 1000.0;
+    uint32_t have = 0;
+    int gone = 0;
+    pthread_mutex_lock(&srv->mu);
+    for (;;) {
+      /* Recheck every key on each wake-up: another client may delete one. */
+      have = 0;
+      while (have < n && map_find(&srv->map, keys[have], lens[have])) have++;
+      if (have == n || srv->stopping || gone || dcomm__now() >= deadline) break;
+      gone = wait_a_while(c, deadline);
+    }
+    int stopping = srv->stopping;
+    pthread_mutex_unlock(&srv->mu);
+    if (stopping || gone) rc = -1;
+    else if (have < n)
+      rc = send_error(c, DCOMM_ETIMEDOUT, 0, "wait: key '%.200s' not set within %.3f s", keys[have],
+                      (double)ms / 1000.0);
+    else rc = send_ok(c, NULL, 0, NULL, 0);
+  }
+  for (uint32_t i = 0; keys && i < n; i++) free(keys[i]);
+  free(keys);
+  free(lens);
+  (void)r;
+  return rc;
+}
+
+static int do_del(struct conn *c, struct req *r, double dl) {
+  struct dcomm_store_server *srv = c->srv;
+  DCOMM_CHECK(read_key(c, &r->key, &r->klen, dl));
+  pthread_mutex_lock(&srv->mu);
+  unsigned char existed = (unsigned char)map_del(&srv->map, r->key, r->klen);
+  pthread_mutex_unlock(&srv->mu);
+  return send_ok(c, &existed, 1, NULL, 0);
+}
+
+/* Serves one request: 0 to go on, < 0 to close the connection. */
+static int serve_one(struct conn *c) {
+  unsigned char cmd;
+  /* Between requests a client may stay idle for as long as it likes. */
+  int rc = dcomm__sock_recv_all(c->fd, &cmd, 1, INFINITY, c->srv->stop_pipe[0]);
+  if (rc < 0) return rc;
+  double dl = dcomm__now() + frame_timeout();
+  struct req r = {0};
+  switch (cmd) {
+    case DCOMM_STORE_CMD_SET: rc = do_set(c, &r, dl); break;
+    case DCOMM_STORE_CMD_GET: rc = do_get(c, &r, dl); break;
+    case DCOMM_STORE_CMD_ADD: rc = do_add(c, &r, dl); break;
+    case DCOMM_STORE_CMD_CAS: rc = do_cas(c, &r, dl); break;
+    case DCOMM_STORE_CMD_WAIT: rc = do_wait(c, &r, dl); break;
+    case DCOMM_STORE_CMD_DEL: rc = do_del(c, &r, dl); break;
+    default: rc = send_error(c, DCOMM_EPROTO, 1, "unknown command %u", cmd); break;
+  }
+  req_free(&r);
+  return rc;
+}
+
+static void *conn_main(void *arg) {
+  struct conn *c = arg;
+  struct dcomm_store_server *srv = c->srv;
+  struct dcomm_hs_peer peer;
+  int rc = dcomm__hs_server(c->fd, srv->job_id, srv->token, dcomm__now() + DCOMM_STORE_HS_TIMEOUT, &peer);
+  if (rc < 0) {
+    DCOMM_LOG(WARN, STORE, "store server: refused a connection: %s", dcomm_last_error());
+  } else if (peer.purpose != DCOMM_HS_STORE) {
+    DCOMM_LOG(WARN, STORE, "store server: refused a connection with purpose %u (not a store client)", peer.purpose);
+  } else {
+    while (serve_one(c) == 0) {
+    }
+  }
+  pthread_mutex_lock(&srv->mu);
+  close(c->fd);
+  c->fd = -1;
+  c->done = 1;
+  pthread_mutex_unlock(&srv->mu);
+  char b = 1;
+  ssize_t w = write(srv->reap_pipe[1], &b, 1); /* full pipe: a wake-up is pending anyway */
+  (void)w;
+  return NULL;
+}
+
+/* Joins finished connection threads so that they do not pile up. */
+static void reap(struct dcomm_store_server *srv, int all) {
+  struct conn *dead = NULL;
+  pthread_mutex_lock(&srv->mu);
+  for (struct conn **pp = &srv->conns; *pp;) {
+    struct conn *c = *pp;
+    if (all || c->done) {
+      *pp = c->next;
+      c->next = dead;
+      dead = c;
+      srv->nconns--;
+    } else {
+      pp = &c->next;
+    }
+  }
+  pthread_mutex_unlock(&srv->mu);
+  while (dead) {
+    struct conn *c = dead;
+    dead = c->next;
+    pthread_join(c->th, NULL);
+    free(c);
+  }
+}
+
+static void accept_one(struct dcomm_store_server *srv, pthread_attr_t *attr) {
+  int fd = accept4(srv->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  if (fd < 0) {
+    if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+      DCOMM_LOG(WARN, STORE, "store server: accept: %s", strerror(errno));
+      struct timespec ts = {0, 100 * 1000 * 1000}; /* do not spin while out of descriptors */
+      nanosleep(&ts, NULL);
+    }
+    return;
+  }
+  dcomm__sock_tune(fd, 0);
+  struct conn *c = calloc(1, sizeof(*c));
+  if (!c) {
+    close(fd);
+    return;
+  }
+  c->srv = srv;
+  c->fd = fd;
+  pthread_mutex_lock(&srv->mu);
+  int refuse = srv->stopping || srv->nconns >= MAX_CONNS;
+  if (!refuse && pthread_create(&c->th, attr, conn_main, c) != 0) refuse = 1;
+  if (!refuse) {
+    c->next = srv->conns;
+    srv->conns = c;
+    srv->nconns++;
+  }
+  int nconns = srv->nconns;
+  pthread_mutex_unlock(&srv->mu);
+  if (refuse) {
+    DCOMM_LOG(WARN, STORE, "store server: dropping a connection (stopping, %d connections, or no thread)", nconns);
+    close(fd);
+    free(c);
+  }
+}
+
+static void *listener_main(void *arg) {
+  struct dcomm_store_server *srv = arg;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, CONN_STACK_SIZE);
+  for (;;) {
+    struct pollfd p[3] = {{.fd = srv->lfd, .events = POLLIN},
+                          {.fd = srv->stop_pipe[0], .events = POLLIN},
+                          {.fd = srv->reap_pipe[0], .events = POLLIN}};
+    int n = poll(p, 3, -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      DCOMM_LOG(ERROR, STORE, "store server: poll: %s", strerror(errno));
+      break;
+    }
+    if (p[1].revents) break;
+    if (p[2].revents) {
+      char buf[256];
+      while (read(srv->reap_pipe[0], buf, sizeof(buf)) > 0) {
+      }
+      reap(srv, 0);
+    }
+    if (p[0].revents & POLLIN) accept_one(srv, &attr);
+  }
+  pthread_attr_destroy(&attr);
+  return NULL;
+}
+
+/* ---- public entry points ---- */
+
+static void free_server(struct dcomm_store_server *srv) {
+  if (srv->lfd >= 0) close(srv->lfd);
+  for (int i = 0; i < 2; i++) {
+    if (srv->stop_pipe[i] >= 0) close(srv->stop_pipe[i]);
+    if (srv->reap_pipe[i] >= 0) close(srv->reap_pipe[i]);
+  }
+  map_free(&srv->map);
+  free(srv->job_id);
+  free(srv->token);
+  free(srv);
+}
+
+int dcomm__store_server_start(const char *host, int port, const char *job_id, const char *token,
+                              struct dcomm_store_server **out) {
+  if (!out) return dcomm__err(DCOMM_EINVAL, "store server: NULL output argument");
+  *out = NULL;
+  if (!job_id) return dcomm__err(DCOMM_EINVAL, "store server: NULL job id");
+  if (strlen(job_id) > DCOMM_HS_MAX_JOB)
+    return dcomm__err(DCOMM_EINVAL, "store server: job id longer than %d bytes", DCOMM_HS_MAX_JOB);
+  struct dcomm_store_server *srv = calloc(1, sizeof(*srv));
+  if (!srv) return dcomm__err(DCOMM_ENOMEM, "store server: out of memory");
+  srv->lfd = srv->stop_pipe[0] = srv->stop_pipe[1] = srv->reap_pipe[0] = srv->reap_pipe[1] = -1;
+  srv->job_id = strdup(job_id);
+  srv->token = strdup(token ? token : "");
+  if (!srv->job_id || !srv->token) {
+    free_server(srv);
+    return dcomm__err(DCOMM_ENOMEM, "store server: out of memory");
+  }
+  if (pipe2(srv->stop_pipe, O_CLOEXEC | O_NONBLOCK) < 0 || pipe2(srv->reap_pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
+    int e = errno;
+    free_server(srv);
+    return dcomm__err_sys(e, "store server: pipe");
+  }
+  int rc = dcomm__sock_listen(host, port, 128, &srv->lfd, &srv->port);
+  if (rc < 0) {
+    free_server(srv);
+    return rc;
+  }
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&srv->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  pthread_mutex_init(&srv->mu, NULL);
+  if ((rc = pthread_create(&srv->listener, NULL, listener_main, srv)) != 0) {
+    pthread_cond_destroy(&srv->cv);
+    pthread_mutex_destroy(&srv->mu);
+    free_server(srv);
+    return dcomm__err_sys(rc, "store server: pthread_create");
+  }
+  DCOMM_LOG(INFO, STORE, "store server listening on %s:%d", host && *host ? host : "*", srv->port);
+  *out = srv;
+  return 0;
+}
+
+int dcomm__store_server_port(const struct dcomm_store_server *srv) { return srv ? srv->port : -1; }
+
+void dcomm__store_server_stop(struct dcomm_store_server *srv) {
+  if (!srv) return;
+  pthread_mutex_lock(&srv->mu);
+  srv->stopping = 1;
+  for (struct conn *c = srv->conns; c; c = c->next)
+    if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
+  pthread_cond_broadcast(&srv->cv);
+  pthread_mutex_unlock(&srv->mu);
+  char b = 1;
+  ssize_t w = write(srv->stop_pipe[1], &b, 1);
+  (void)w;
+  pthread_join(srv->listener, NULL);
+  /* The listener is gone, so no connection can be added any more. */
+  reap(srv, 1);
+  pthread_cond_destroy(&srv->cv);
+  pthread_mutex_destroy(&srv->mu);
+  DCOMM_LOG(INFO, STORE, "store server on port %d stopped", srv->port);
+  free_server(srv);
+}

@@ -1,0 +1,314 @@
+/*
+ * check_coll.c: every collective x every dtype x every op on world sizes
+ * 1-5 (real processes on loopback), against a serial reference, with
+ * counts 0, 1, odd, large enough for the ring, and >= 16 MiB; both
+ * all_reduce algorithms forced; point-to-point with tags out of order.
+ */
+#include "config.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dcomm.h"
+#include "harness.h"
+#include "reduce.h"
+
+static const dcomm_dtype_t all_dtypes[] = {DCOMM_INT8,    DCOMM_UINT8,    DCOMM_INT32,   DCOMM_UINT32, DCOMM_INT64,
+                                           DCOMM_UINT64,  DCOMM_FLOAT16,  DCOMM_BFLOAT16, DCOMM_FLOAT32, DCOMM_FLOAT64};
+#define NDT (sizeof(all_dtypes) / sizeof(all_dtypes[0]))
+
+static void put(void *buf, dcomm_dtype_t dt, size_t i, double v) {
+  switch (dt) {
+    case DCOMM_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
+    case DCOMM_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    case DCOMM_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case DCOMM_UINT32: ((uint32_t *)buf)[i] = (uint32_t)v; break;
+    case DCOMM_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case DCOMM_UINT64: ((uint64_t *)buf)[i] = (uint64_t)v; break;
+    case DCOMM_FLOAT16: ((uint16_t *)buf)[i] = dcomm__float_to_half((float)v); break;
+    case DCOMM_BFLOAT16: ((uint16_t *)buf)[i] = dcomm__float_to_bf16((float)v); break;
+    case DCOMM_FLOAT32: ((float *)buf)[i] = (float)v; break;
+    case DCOMM_FLOAT64: ((double *)buf)[i] = v; break;
+    default: break;
+  }
+}
+
+static double get(const void *buf, dcomm_dtype_t dt, size_t i) {
+  switch (dt) {
+    case DCOMM_INT8: return ((const int8_t *)buf)[i];
+    case DCOMM_UINT8: return ((const uint8_t *)buf)[i];
+    case DCOMM_INT32: return ((const int32_t *)buf)[i];
+    case DCOMM_UINT32: return ((const uint32_t *)buf)[i];
+    case DCOMM_INT64: return (double)((const int64_t *)buf)[i];
+    case DCOMM_UINT64: return (double)((const uint64_t *)buf)[i];
+    case DCOMM_FLOAT16: return dcomm__half_to_float(((const uint16_t *)buf)[i]);
+    case DCOMM_BFLOAT16: return dcomm__bf16_to_float(((const uint16_t *)buf)[i]);
+    case DCOMM_FLOAT32: return ((const float *)buf)[i];
+    case DCOMM_FLOAT64: return ((const double *)buf)[i];
+    default: return NAN;
+  }
+}
+
+static int is_int(dcomm_dtype_t dt) { return dt <= DCOMM_UINT64; }
+
+/* Input of rank r at element k for op: small integers, exact in every
+ * dtype, whose reductions never overflow int8. */
+static double val(int r, size_t k, dcomm_op_t op) {
+  if (op == DCOMM_PROD) return 1 + (double)((r + k) % 2);
+  return 1 + (double)((r * 7 + k * 3) % 11);
+}
+
+static double ref_reduce(int n, size_t k, dcomm_op_t op, dcomm_dtype_t dt) {
+  double acc = val(0, k, op);
+  for (int r = 1; r < n; r++) {
+    double v = val(r, k, op);
+    if (op == DCOMM_PROD) acc *= v;
+    else if (op == DCOMM_MAX) acc = v > acc ? v : acc;
+    else if (op == DCOMM_MIN) acc = v < acc ? v : acc;
+    else acc += v;
+  }
+  if (op == DCOMM_AVG) acc = is_int(dt) ? trunc(acc / n) : acc / n;
+  return acc;
+}
+
+static int close_enough(double got, double want, dcomm_dtype_t dt) {
+  double tol = dt == DCOMM_FLOAT16 ? 1e-2 : dt == DCOMM_BFLOAT16 ? 1e-2 : dt == DCOMM_FLOAT32 ? 1e-6 : 0;
+  return fabs(got - want) <= tol * fabs(want);
+}
+
+static void *xalloc(size_t n) { return calloc(n ? n : 1, 1); }
+
+struct plan {
+  const size_t *counts;
+  int ncounts;
+  int all_dtypes;
+};
+
+/* Checks buf[0..count) against f; reports the first difference. */
+#define CHECK_ELEMS(buf, dt, count, expr, what)                                           \
+  for (size_t k_ = 0; k_ < (count); k_++) {                                              \
+    size_t k = k_;                                                                       \
+    double want_ = (expr), got_ = get((buf), (dt), k);                                   \
+    MP_REQUIRE(close_enough(got_, want_, (dt)), "%s %s count %zu: element %zu is %g, want %g", what, \
+               dcomm__dtype_name(dt), (size_t)(count), k, got_, want_);                  \
+  }
+
+static int run_reducing(int rank, int n, dcomm_dtype_t dt, dcomm_op_t op, size_t count) {
+  size_t es = dcomm_dtype_size(dt);
+  char *buf = xalloc(count * es), *big = xalloc(count * es * (size_t)n), *out = xalloc(count * es);
+  /* all_reduce */
+  for (size_t k = 0; k < count; k++) put(buf, dt, k, val(rank, k, op));
+  MP_OK(dcomm_all_reduce(buf, count, dt, op, NULL));
+  CHECK_ELEMS(buf, dt, count, ref_reduce(n, k, op, dt), "all_reduce");
+  /* reduce to a root that moves with the count */
+  int root = (int)(count % (size_t)n);
+  for (size_t k = 0; k < count; k++) put(buf, dt, k, val(rank, k, op));
+  MP_OK(dcomm_reduce(buf, count, dt, op, root, NULL));
+  if (rank == root) {
+    CHECK_ELEMS(buf, dt, count, ref_reduce(n, k, op, dt), "reduce");
+  } else {
+    CHECK_ELEMS(buf, dt, count, val(rank, k, op), "reduce (non-root unchanged)");
+  }
+  /* reduce_scatter: block b of rank r's input is val(r, b*count + k) */
+  for (size_t k = 0; k < count * (size_t)n; k++) put(big, dt, k, val(rank, k, op));
+  MP_OK(dcomm_reduce_scatter(big, out, count, dt, op, NULL));
+  CHECK_ELEMS(out, dt, count, ref_reduce(n, (size_t)rank * count + k, op, dt), "reduce_scatter");
+  free(buf), free(big), free(out);
+  return 0;
+}
+
+static double code(int from, int to, size_t k) { return 1 + (double)((from * 5 + to * 3 + k) % 13); }
+
+static int run_moving(int rank, int n, dcomm_dtype_t dt, size_t count) {
+  size_t es = dcomm_dtype_size(dt);
+  char *buf = xalloc(count * es), *all = xalloc(count * es * (size_t)n), *send = xalloc(count * es * (size_t)n);
+  int root = (int)((count + 1) % (size_t)n);
+  /* broadcast */
+  for (size_t k = 0; k < count; k++) put(buf, dt, k, rank == root ? code(root, 0, k) : 0);
+  MP_OK(dcomm_broadcast(buf, count, dt, root, NULL));
+  CHECK_ELEMS(buf, dt, count, code(root, 0, k), "broadcast");
+  /* all_gather */
+  for (size_t k = 0; k < count; k++) put(buf, dt, k, code(rank, 1, k));
+  memset(all, 0, count * es * (size_t)n);
+  MP_OK(dcomm_all_gather(buf, all, count, dt, NULL));
+  CHECK_ELEMS(all, dt, count * (size_t)n, code((int)(k / (count ? count : 1)), 1, k % (count ? count : 1)), "all_gather");
+  /* gather */
+  memset(all, 0, count * es * (size_t)n);
+  MP_OK(dcomm_gather(buf, all, count, dt, root, NULL));
+  if (rank == root) CHECK_ELEMS(all, dt, count * (size_t)n, code((int)(k / (count ? count : 1)), 1, k % (count ? count : 1)), "gather");
+  /* scatter: block j of the root's buffer goes to rank j */
+  for (size_t k = 0; k < count * (size_t)n; k++) put(send, dt, k, code(root, (int)(k / (count ? count : 1)), k % (count ? count : 1)));
+  memset(buf, 0, count * es);
+  MP_OK(dcomm_scatter(rank == root ? send : NULL, buf, count, dt, root, NULL));
+  CHECK_ELEMS(buf, dt, count, code(root, rank, k), "scatter");
+  /* all_to_all: block j from rank r holds code(r, j, k) */
+  for (size_t k = 0; k < count * (size_t)n; k++) put(send, dt, k, code(rank, (int)(k / (count ? count : 1)), k % (count ? count : 1)));
+  memset(all, 0, count * es * (size_t)n);
+  MP_OK(dcomm_all_to_all(send, all, count, dt, NULL));
+  CHECK_ELEMS(all, dt, count * (size_t)n, code((int)(k / (count ? count : 1)), rank, k % (count ? count : 1)), "all_to_all");
+  MP_OK(dcomm_barrier(NULL));
+  free(buf), free(all), free(send);
+  return 0;
+}
+
+static int body_matrix(int rank, int n, void *arg) {
+  const struct plan *p = arg;
+  for (int ci = 0; ci < p->ncounts; ci++) {
+    size_t count = p->counts[ci];
+    for (size_t d = 0; d < NDT; d++) {
+      dcomm_dtype_t dt = all_dtypes[d];
+      if (!p->all_dtypes && dt != DCOMM_FLOAT32) continue;
+      for (int op = 0; op < DCOMM_OP_COUNT; op++) {
+        if (!p->all_dtypes && op != DCOMM_SUM) continue;
+        if (run_reducing(rank, n, dt, (dcomm_op_t)op, count)) return 1;
+      }
+      if (run_moving(rank, n, dt, count)) return 1;
+    }
+  }
+  return 0;
+}
+
+static const size_t small_counts[] = {0, 1, 37, 100003};
+static const size_t big_counts[] = {(16u << 20) / 4 + 3}; /* > 16 MiB of float32, odd */
+
+static void matrix(int n) {
+  struct plan p = {small_counts, 4, 1};
+  ck_assert_int_eq(mp_run(n, body_matrix, &p, 150), 0);
+}
+
+START_TEST(test_matrix_1) { matrix(1); }
+END_TEST
+START_TEST(test_matrix_2) { matrix(2); }
+END_TEST
+START_TEST(test_matrix_3) { matrix(3); }
+END_TEST
+START_TEST(test_matrix_4) { matrix(4); }
+END_TEST
+START_TEST(test_matrix_5) { matrix(5); }
+END_TEST
+
+START_TEST(test_large) {
+  struct plan p = {big_counts, 1, 0};
+  int n = 2 + _i; /* 2..5 */
+  ck_assert_int_eq(mp_run(n, body_matrix, &p, 150), 0);
+}
+END_TEST
+
+/* Both all_reduce algorithms, forced, give the same exact answers. */
+static int body_algo(int rank, int n, void *arg) {
+  const size_t counts[] = {1, 5, 4099, 300001};
+  for (size_t i = 0; i < 4; i++)
+    for (int op = 0; op < DCOMM_OP_COUNT; op++)
+      for (size_t d = 0; d < NDT; d += 3)
+        if (run_reducing(rank, n, all_dtypes[d], (dcomm_op_t)op, counts[i])) return 1;
+  return 0;
+}
+
+START_TEST(test_algo_forced) {
+  const char *algo = _i % 2 ? "ring" : "rd";
+  setenv("DCOMM_ALGO", algo, 1);
+  ck_assert_int_eq(mp_run(3 + _i / 2, body_algo, NULL, 120), 0);
+  unsetenv("DCOMM_ALGO");
+}
+END_TEST
+
+/* Random float32 data: every rank ends with bit-identical results. */
+static int body_identical(int rank, int n, void *arg) {
+  size_t count = 200003;
+  float *buf = malloc(count * sizeof(float)), *all = malloc(count * sizeof(float) * (size_t)n);
+  srand(1234 + rank);
+  for (size_t k = 0; k < count; k++) buf[k] = (float)rand() / (float)RAND_MAX - 0.5f;
+  MP_OK(dcomm_all_reduce(buf, count, DCOMM_FLOAT32, DCOMM_SUM, NULL));
+  MP_OK(dcomm_all_gather(buf, all, count, DCOMM_FLOAT32, NULL));
+  for (int r = 1; r < n; r++)
+    MP_REQUIRE(memcmp(all, all + (size_t)r * count, count * sizeof(float)) == 0, "rank %d's result differs from rank 0's", r);
+  /* and they are close to the serial sum */
+  for (size_t k = 0; k < count; k += 997) {
+    double want = 0;
+    for (int r = 0; r < n; r++) {
+      srand(1234 + r);
+      float v = 0;
+      for (size_t j = 0; j <= k; j++) v = (float)rand() / (float)RAND_MAX - 0.5f;
+      want += v;
+    }
+    MP_REQUIRE(fabs(buf[k] - want) < 1e-5, "element %zu: %g vs %g", k, buf[k], want);
+    if (k > 20000) break;
+  }
+  free(buf), free(all);
+  return 0;
+}
+
+START_TEST(test_identical) { ck_assert_int_eq(mp_run(3, body_identical, NULL, 60), 0); }
+END_TEST
+
+/* send/recv around a ring, and tags received out of order. */
+static int body_p2p(int rank, int n, void *arg) {
+  int32_t out[257], in[257];
+  for (int i = 0; i < 257; i++) out[i] = rank * 1000 + i;
+  int right = (rank + 1) % n, left = (rank + n - 1) % n;
+  if (rank % 2 == 0) {
+    MP_OK(dcomm_send(out, 257, DCOMM_INT32, right, 7, NULL));
+    MP_OK(dcomm_recv(in, 257, DCOMM_INT32, left, 7, NULL));
+  } else {
+    MP_OK(dcomm_recv(in, 257, DCOMM_INT32, left, 7, NULL));
+    MP_OK(dcomm_send(out, 257, DCOMM_INT32, right, 7, NULL));
+  }
+  for (int i = 0; i < 257; i++) MP_REQUIRE(in[i] == left * 1000 + i, "ring element %d is %d", i, in[i]);
+  if (rank == 0) {
+    int32_t a = 1, b = 2;
+    MP_OK(dcomm_send(&a, 1, DCOMM_INT32, 1, 1, NULL));
+    MP_OK(dcomm_send(&b, 1, DCOMM_INT32, 1, 2, NULL));
+  } else if (rank == 1) {
+    int32_t a = 0, b = 0;
+    MP_OK(dcomm_recv(&b, 1, DCOMM_INT32, 0, 2, NULL));
+    MP_OK(dcomm_recv(&a, 1, DCOMM_INT32, 0, 1, NULL));
+    MP_REQUIRE(a == 1 && b == 2, "tags crossed: a=%d b=%d", a, b);
+  }
+  /* a collective after queued p2p traffic still lines up */
+  int32_t x = rank;
+  MP_OK(dcomm_all_reduce(&x, 1, DCOMM_INT32, DCOMM_SUM, NULL));
+  MP_REQUIRE(x == n * (n - 1) / 2, "sum %d", x);
+  return 0;
+}
+
+START_TEST(test_p2p) { ck_assert_int_eq(mp_run(4, body_p2p, NULL, 60), 0); }
+END_TEST
+
+/* barrier blocks until the last rank arrives. */
+static int body_barrier(int rank, int n, void *arg) {
+  double t0 = mp_now();
+  if (rank == n - 1) usleep(300000);
+  MP_OK(dcomm_barrier(NULL));
+  MP_REQUIRE(mp_now() - t0 >= 0.25, "rank %d left the barrier after %.3f s, before the late rank arrived", rank,
+             mp_now() - t0);
+  return 0;
+}
+
+START_TEST(test_barrier) { ck_assert_int_eq(mp_run(5, body_barrier, NULL, 60), 0); }
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("coll");
+  TCase *tc = tcase_create("matrix");
+  tcase_set_timeout(tc, 200);
+  tcase_add_test(tc, test_matrix_1);
+  tcase_add_test(tc, test_matrix_2);
+  tcase_add_test(tc, test_matrix_3);
+  tcase_add_test(tc, test_matrix_4);
+  tcase_add_test(tc, test_matrix_5);
+  tcase_add_loop_test(tc, test_large, 0, 4);
+  tcase_add_loop_test(tc, test_algo_forced, 0, 4);
+  tcase_add_test(tc, test_identical);
+  tcase_add_test(tc, test_p2p);
+  tcase_add_test(tc, test_barrier);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,1004 @@
+/*
+ * check_store.c: unit tests of the key-value store. The TCP tests run a real
+ * embedded server on 127.0.0.1 (port 0) and talk to it through the client,
+ * and through raw sockets for the handshake and garbage cases; the file tests
+ * open one file through several handles, threads and processes as ranks
+ * would. The same API checks run against both implementations.
+ */
+#include "config.h"
+
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "auth.h"
+#include "dcomm.h"
+#include "param.h"
+#include "sock.h"
+#include "store.h"
+#include "store_proto.h"
+
+#define JOB "job-check"
+#define TOKEN "s3cret-token"
+
+/* ---- shared helpers ---- */
+
+static void sleep_s(double s) {
+  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+  nanosleep(&ts, NULL);
+}
+
+#define expect_value(s, key, want, wlen) expect_value_at(__LINE__, s, key, want, wlen)
+static void expect_value_at(int line, struct dcomm_store *s, const char *key, const void *want, size_t wlen) {
+  void *v = NULL;
+  size_t n = 12345;
+  int rc = dcomm__store_get(s, key, 3.0, &v, &n);
+  ck_assert_msg(rc == 0, "line %d: get '%s' returned %d (%s)", line, key, rc, dcomm_last_error());
+  ck_assert_msg(v != NULL, "line %d: get '%s' gave a NULL buffer", line, key);
+  ck_assert_msg(n == wlen && (wlen == 0 || memcmp(v, want, wlen) == 0),
+                "line %d: get '%s': wrong value (length %zu, expected %zu)", line, key, n, wlen);
+  free(v);
+}
+
+#define expect_absent(s, key) expect_absent_at(__LINE__, s, key)
+static void expect_absent_at(int line, struct dcomm_store *s, const char *key) {
+  void *v = (void *)1;
+  size_t n = 1;
+  int rc = dcomm__store_get(s, key, 0, &v, &n);
+  ck_assert_msg(rc == DCOMM_ETIMEDOUT, "line %d: get '%s' of an absent key returned %d", line, key, rc);
+  ck_assert_msg(v == NULL && n == 0, "line %d: failed get left output set", line);
+}
+
+#define ok(call)                                                                   \
+  do {                                                                             \
+    int ok_rc_ = (call);                                                           \
+    ck_assert_msg(ok_rc_ == 0, "%s returned %d (%s)", #call, ok_rc_, dcomm_last_error()); \
+  } while (0)
+
+static void set_max_value(const char *v) {
+  setenv("DCOMM_STORE_MAX_VALUE", v, 1);
+  ck_assert_int_eq(dcomm__params_load(), 0);
+}
+
+/* ---- API checks shared by both implementations (a and b: two ranks) ---- */
+
+static void api_basic(struct dcomm_store *a, struct dcomm_store *b) {
+  int64_t r = 0;
+  int ex = -1;
+  ok(dcomm__store_set(a, "k", "hello", 5));
+  expect_value(b, "k", "hello", 5);
+  const char bin[] = {'a', 0, 'b', 0, (char)0xff};
+  ok(dcomm__store_set(a, "bin", bin, sizeof(bin)));
+  expect_value(b, "bin", bin, sizeof(bin));
+  ok(dcomm__store_set(a, "empty", "", 0));
+  expect_value(b, "empty", "", 0);
+  ok(dcomm__store_set(b, "k", "world!", 6));
+  expect_value(a, "k", "world!", 6);
+
+  ok(dcomm__store_add(a, "cnt", 5, &r));
+  ck_assert_int_eq(r, 5);
+  expect_value(b, "cnt", "5", 1); /* kept as decimal text */
+  ok(dcomm__store_add(b, "cnt", -7, &r));
+  ck_assert_int_eq(r, -2);
+  expect_value(a, "cnt", "-2", 2);
+  ok(dcomm__store_add(a, "cnt", 0, &r));
+  ck_assert_int_eq(r, -2);
+  ok(dcomm__store_add(a, "cnt", 1, NULL));
+  expect_value(b, "cnt", "-1", 2);
+  ok(dcomm__store_set(a, "num", "12", 2));
+  ok(dcomm__store_add(b, "num", 30, &r));
+  ck_assert_int_eq(r, 42);
+  /* A non-integer value is refused and left alone. */
+  ck_assert_int_eq(dcomm__store_add(a, "k", 1, &r), DCOMM_EINVAL);
+  ck_assert_int_eq(dcomm__store_add(a, "bin", 1, &r), DCOMM_EINVAL);
+  ck_assert_int_eq(dcomm__store_add(a, "empty", 1, &r), DCOMM_EINVAL);
+  expect_value(b, "k", "world!", 6);
+  ok(dcomm__store_set(a, "big", "9223372036854775807", 19));
+  ck_assert_int_eq(dcomm__store_add(b, "big", 1, &r), DCOMM_EINVAL);
+  ok(dcomm__store_add(b, "big", -1, &r));
+  ck_assert(r == INT64_MAX - 1);
+
+  ok(dcomm__store_delete(a, "k", &ex));
+  ck_assert_int_eq(ex, 1);
+  ok(dcomm__store_delete(b, "k", &ex));
+  ck_assert_int_eq(ex, 0);
+  ok(dcomm__store_delete(b, "never", NULL));
+  expect_absent(b, "k");
+  expect_absent(a, "k");
+  expect_value(a, "bin", bin, sizeof(bin)); /* other keys untouched */
+  ok(dcomm__store_delete(a, "cnt", &ex));
+  ck_assert_int_eq(ex, 1);
+  ok(dcomm__store_add(b, "cnt", 3, &r)); /* absent counts as 0 */
+  ck_assert_int_eq(r, 3);
+}
+
+static void expect_current(void *cur, size_t cl, const char *want) {
+  ck_assert_msg(cur != NULL, "compare_set: current is NULL, expected '%s'", want);
+  ck_assert_msg(cl == strlen(want) && memcmp(cur, want, cl) == 0, "compare_set: current is '%.*s', expected '%s'",
+                (int)cl, (char *)cur, want);
+  free(cur);
+}
+
+static void api_compare_set(struct dcomm_store *a, struct dcomm_store *b) {
+  void *cur;
+  size_t cl;
+  /* Absent and expected NULL: created. */
+  ok(dcomm__store_compare_set(a, "c", NULL, 0, "one", 3, &cur, &cl));
+  expect_current(cur, cl, "one");
+  expect_value(b, "c", "one", 3);
+  /* Expected NULL but present: unchanged, current is the stored value. */
+  ok(dcomm__store_compare_set(b, "c", NULL, 0, "two", 3, &cur, &cl));
+  expect_current(cur, cl, "one");
+  expect_value(a, "c", "one", 3);
+  /* Match: swapped. */
+  ok(dcomm__store_compare_set(b, "c", "one", 3, "three", 5, &cur, &cl));
+  expect_current(cur, cl, "three");
+  expect_value(a, "c", "three", 5);
+  /* No match: unchanged. */
+  ok(dcomm__store_compare_set(a, "c", "one", 3, "four", 4, &cur, &cl));
+  expect_current(cur, cl, "three");
+  expect_value(b, "c", "three", 5);
+  /* Expected given but the key is absent: nothing created, no current. */
+  cur = (void *)1;
+  cl = 9;
+  ok(dcomm__store_compare_set(a, "nokey", "x", 1, "y", 1, &cur, &cl));
+  ck_assert_ptr_null(cur);
+  ck_assert_int_eq(cl, 0);
+  expect_absent(b, "nokey");
+  /* An empty value is not "absent", in both directions. */
+  ok(dcomm__store_set(a, "e", "", 0));
+  ok(dcomm__store_compare_set(b, "e", NULL, 0, "x", 1, &cur, &cl));
+  expect_current(cur, cl, "");
+  expect_value(a, "e", "", 0);
+  ok(dcomm__store_compare_set(b, "e", "", 0, "y", 1, &cur, &cl));
+  expect_current(cur, cl, "y");
+  expect_value(a, "e", "y", 1);
+  ok(dcomm__store_compare_set(a, "e", "y", 1, "", 0, NULL, NULL));
+  expect_value(b, "e", "", 0);
+  ck_assert_int_eq(dcomm__store_compare_set(a, "e", NULL, 3, "z", 1, &cur, &cl), DCOMM_EINVAL);
+  expect_value(b, "e", "", 0);
+}
+
+struct delayed_set {
+  struct dcomm_store *s;
+  double delay;
+  const char *keys[4];
+  int n, rc;
+};
+
+static void *delayed_set_main(void *arg) {
+  struct delayed_set *d = arg;
+  for (int i = 0; i < d->n; i++) {
+    sleep_s(d->delay);
+    int rc = dcomm__store_set(d->s, d->keys[i], "v", 1);
+    if (rc < 0) d->rc = rc;
+  }
+  return NULL;
+}
+
+struct blocked_get {
+  struct dcomm_store *s;
+  const char *key;
+  double timeout;
+  int rc;
+  void *val;
+  size_t len;
+  double elapsed;
+};
+
+static void *blocked_get_main(void *arg) {
+  struct blocked_get *g = arg;
+  double t0 = dcomm__now();
+  g->rc = dcomm__store_get(g->s, g->key, g->timeout, &g->val, &g->len);
+  g->elapsed = dcomm__now() - t0;
+  return NULL;
+}
+
+static void api_wait(struct dcomm_store *a, struct dcomm_store *b) {
+  const char *keys[] = {"w1", "w2", "w3"};
+  struct delayed_set d = {.s = b, .delay = 0.1, .keys = {"w1", "w2", "w3"}, .n = 3};
+  pthread_t th;
+  double t0 = dcomm__now();
+  ck_assert_int_eq(pthread_create(&th, NULL, delayed_set_main, &d), 0);
+  int rc = dcomm__store_wait(a, keys, 3, 10.0);
+  double el = dcomm__now() - t0;
+  pthread_join(th, NULL);
+  ck_assert_msg(rc == 0, "wait returned %d (%s)", rc, dcomm_last_error());
+  ck_assert_int_eq(d.rc, 0);
+  ck_assert_msg(el >= 0.25 && el < 5.0, "wait returned after %.3f s", el);
+  /* One missing key: times out after about the timeout. */
+  const char *some[] = {"w1", "missing", "w3"};
+  t0 = dcomm__now();
+  ck_assert_int_eq(dcomm__store_wait(a, some, 3, 0.4), DCOMM_ETIMEDOUT);
+  el = dcomm__now() - t0;
+  ck_assert_msg(el >= 0.35 && el < 3.0, "wait timed out after %.3f s", el);
+  ok(dcomm__store_wait(a, keys, 0, 0));
+  ck_assert_int_eq(dcomm__store_wait(a, keys, -1, 0), DCOMM_EINVAL);
+  ck_assert_int_eq(dcomm__store_wait(a, keys, DCOMM_STORE_MAX_WAIT_KEYS + 1, 0), DCOMM_EINVAL);
+  /* A deleted key no longer satisfies a wait. */
+  ok(dcomm__store_delete(b, "w2", NULL));
+  ck_assert_int_eq(dcomm__store_wait(a, keys, 3, 0.1), DCOMM_ETIMEDOUT);
+}
+
+static void api_get_timeout(struct dcomm_store *a) {
+  void *v = (void *)1;
+  size_t n = 1;
+  double t0 = dcomm__now();
+  ck_assert_int_eq(dcomm__store_get(a, "nobody-sets-this", 0.5, &v, &n), DCOMM_ETIMEDOUT);
+  double el = dcomm__now() - t0;
+  ck_assert_msg(el >= 0.45 && el < 3.0, "get timed out after %.3f s", el);
+  ck_assert_ptr_null(v);
+  /* timeout < 0: the handle's default (0.3 s for these handles). */
+  t0 = dcomm__now();
+  ck_assert_int_eq(dcomm__store_get(a, "nobody-sets-this", -1, &v, &n), DCOMM_ETIMEDOUT);
+  el = dcomm__now() - t0;
+  ck_assert_msg(el >= 0.25 && el < 3.0, "get with the default timeout returned after %.3f s", el);
+  /* The handle still works after timeouts. */
+  ok(dcomm__store_set(a, "after-timeout", "ok", 2));
+  expect_value(a, "after-timeout", "ok", 2);
+}
+
+static void api_get_released(struct dcomm_store *a, struct dcomm_store *b) {
+  struct blocked_get g = {.s = a, .key = "late", .timeout = 10.0};
+  pthread_t th;
+  ck_assert_int_eq(pthread_create(&th, NULL, blocked_get_main, &g), 0);
+  sleep_s(0.3);
+  ok(dcomm__store_set(b, "late", "arrived", 7));
+  pthread_join(th, NULL);
+  ck_assert_msg(g.rc == 0, "blocked get returned %d", g.rc);
+  ck_assert_int_eq(g.len, 7);
+  ck_assert_mem_eq(g.val, "arrived", 7);
+  ck_assert_msg(g.elapsed >= 0.25 && g.elapsed < 5.0, "blocked get returned after %.3f s", g.elapsed);
+  free(g.val);
+}
+
+static void api_validation(struct dcomm_store *a, struct dcomm_store *b) {
+  void *v;
+  size_t n;
+  static char longkey[DCOMM_STORE_MAX_KEY + 2];
+  char prefix[300];
+  ck_assert_int_eq(dcomm__store_set(a, "", "x", 1), DCOMM_EINVAL);
+  ck_assert_int_eq(dcomm__store_set(a, NULL, "x", 1), DCOMM_EINVAL);
+  ck_assert_int_eq(dcomm__store_set(a, "k", NULL, 3), DCOMM_EINVAL);
+  ck_assert_int_eq(dcomm__store_get(a, "k", 0, NULL, &n), DCOMM_EINVAL);
+  ck_assert_int_eq(dcomm__store_get(a, "", 0, &v, &n), DCOMM_EINVAL);
+  ck_assert_int_eq(dcomm__store_add(a, "", 1, NULL), DCOMM_EINVAL);
+  ck_assert_int_eq(dcomm__store_delete(a, "", NULL), DCOMM_EINVAL);
+  memset(longkey, 'k', DCOMM_STORE_MAX_KEY + 1);
+  ck_assert_int_eq(dcomm__store_set(a, longkey, "x", 1), DCOMM_EINVAL);
+  const char *keys[] = {"ok", longkey};
+  ck_assert_int_eq(dcomm__store_wait(a, keys, 2, 0), DCOMM_EINVAL);
+  /* The longest key under the longest prefix fits the wire bound. */
+  memset(prefix, 'p', 256);
+  prefix[256] = 0;
+  ck_assert_int_eq(dcomm__store_set_prefix(a, prefix), DCOMM_EINVAL);
+  prefix[255] = 0;
+  ok(dcomm__store_set_prefix(a, prefix));
+  ok(dcomm__store_set_prefix(b, prefix));
+  longkey[DCOMM_STORE_MAX_KEY] = 0;
+  ok(dcomm__store_set(a, longkey, "long", 4));
+  expect_value(b, longkey, "long", 4);
+  /* Prefixes separate namespaces. */
+  ok(dcomm__store_set_prefix(a, "g0/"));
+  ok(dcomm__store_set_prefix(b, "g1/"));
+  ok(dcomm__store_set(a, "k", "zero", 4));
+  ok(dcomm__store_set(b, "k", "one", 3));
+  expect_value(a, "k", "zero", 4);
+  expect_value(b, "k", "one", 3);
+  ok(dcomm__store_set_prefix(b, ""));
+  expect_value(b, "g0/k", "zero", 4);
+  expect_value(b, "g1/k", "one", 3);
+  expect_absent(b, "k");
+  ok(dcomm__store_set_prefix(a, NULL));
+  expect_value(a, "g0/k", "zero", 4);
+}
+
+static void api_max_value(struct dcomm_store *a, struct dcomm_store *b) {
+  /* The caller set DCOMM_STORE_MAX_VALUE=1024 and reloaded the parameters. */
+  char *big = malloc(1025);
+  void *cur;
+  size_t cl;
+  for (int i = 0; i < 1025; i++) big[i] = (char)('a' + i % 26);
+  ck_assert_int_eq(dcomm__store_set(a, "mv", big, 1025), DCOMM_EINVAL);
+  expect_absent(b, "mv");
+  ck_assert_int_eq(dcomm__store_compare_set(a, "mv", NULL, 0, big, 1025, &cur, &cl), DCOMM_EINVAL);
+  ck_assert_int_eq(dcomm__store_compare_set(a, "mv", big, 1025, "x", 1, &cur, &cl), DCOMM_EINVAL);
+  expect_absent(b, "mv");
+  ok(dcomm__store_set(a, "mv", big, 1024));
+  expect_value(b, "mv", big, 1024);
+  free(big);
+}
+
+/* ---- TCP store: fixture and raw-socket helpers ---- */
+
+static struct dcomm_store_server *srv;
+static int port;
+
+static void server_setup(void) {
+  int rc = dcomm__store_server_start("127.0.0.1", 0, JOB, TOKEN, &srv);
+  ck_assert_msg(rc == 0, "server start: %s", dcomm_last_error());
+  port = dcomm__store_server_port(srv);
+  ck_assert_int_gt(port, 0);
+}
+
+static void server_teardown(void) {
+  dcomm__store_server_stop(srv);
+  srv = NULL;
+}
+
+static struct dcomm_store *client_t(double timeout) {
+  struct dcomm_store *s = NULL;
+  int rc = dcomm__store_tcp_connect("127.0.0.1", port, JOB, TOKEN, 5.0, timeout, &s);
+  ck_assert_msg(rc == 0, "connect: %d (%s)", rc, dcomm_last_error());
+  ck_assert_str_eq(s->ops->name, "tcp");
+  return s;
+}
+
+static struct dcomm_store *client(void) { return client_t(0.3); }
+
+/* A raw connection; with a job id it first runs the client handshake. */
+static int raw_connect(const char *job, const char *token, uint32_t purpose, int *hs_rc) {
+  int fd = -1;
+  ok(dcomm__sock_connect("127.0.0.1", port, dcomm__now() + 5, &fd));
+  if (job) {
+    int rc = dcomm__hs_client(fd, job, token, purpose, NULL, 0, dcomm__now() + 5);
+    if (hs_rc) *hs_rc = rc;
+    else ck_assert_msg(rc == 0, "raw handshake: %s", dcomm_last_error());
+  }
+  return fd;
+}
+
+static int raw_store(void) { return raw_connect(JOB, TOKEN, DCOMM_HS_STORE, NULL); }
+
+static void raw_send(int fd, const void *buf, size_t n) {
+  ok(dcomm__sock_send_all(fd, buf, n, dcomm__now() + 5, -1));
+}
+
+/* Reads one answer's status (and error text); 1 when the server closed. */
+static int raw_status(int fd, double timeout) {
+  unsigned char b[4], h[3];
+  char msg[DCOMM_STORE_MAX_ERRMSG + 1];
+  double dl = dcomm__now() + timeout;
+  int rc = dcomm__sock_recv_all(fd, b, 4, dl, -1);
+  if (rc == DCOMM_EPEERLOST) return 1;
+  ck_assert_msg(rc == 0, "no answer from the server: %s", dcomm_last_error());
+  int32_t st = (int32_t)dcomm__store_get_u32(b);
+  if (st < 0) {
+    ok(dcomm__sock_recv_all(fd, h, 3, dl, -1));
+    size_t ml = (size_t)h[1] << 8 | h[2];
+    ck_assert_uint_le(ml, DCOMM_STORE_MAX_ERRMSG);
+    ok(dcomm__sock_recv_all(fd, msg, ml, dl, -1));
+  }
+  return st;
+}
+
+/* 1 when the server closes the connection within timeout (data discarded). */
+static int raw_eof(int fd, double timeout) {
+  double dl = dcomm__now() + timeout;
+  char buf[512];
+  for (;;) {
+    ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n == 0 || (n < 0 && errno == ECONNRESET)) return 1;
+    if (n > 0) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return 1;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, dcomm__ms_until(dl)) == 0) return 0;
+  }
+}
+
+/* A fresh authorized client still reads what was stored and can write. */
+static void expect_server_serves(const char *key, const char *val) {
+  struct dcomm_store *s = client();
+  expect_value(s, key, val, strlen(val));
+  ok(dcomm__store_set(s, "alive", "yes", 3));
+  expect_value(s, "alive", "yes", 3);
+  dcomm__store_close(s);
+}
+
+static size_t put_str(unsigned char *p, const void *b, uint32_t n) {
+  dcomm__store_put_u32(p, n);
+  memcpy(p + 4, b, n);
+  return 4 + n;
+}
+
+/* ---- TCP tests ---- */
+
+START_TEST(tcp_basic) {
+  struct dcomm_store *a = client(), *b = client();
+  api_basic(a, b);
+  dcomm__store_close(a);
+  dcomm__store_close(b);
+}
+END_TEST
+
+START_TEST(tcp_compare_set) {
+  struct dcomm_store *a = client(), *b = client();
+  api_compare_set(a, b);
+  dcomm__store_close(a);
+  dcomm__store_close(b);
+}
+END_TEST
+
+START_TEST(tcp_wait) {
+  struct dcomm_store *a = client(), *b = client();
+  api_wait(a, b);
+  dcomm__store_close(a);
+  dcomm__store_close(b);
+}
+END_TEST
+
+START_TEST(tcp_get_timeout) {
+  struct dcomm_store *a = client();
+  api_get_timeout(a);
+  dcomm__store_close(a);
+}
+END_TEST
+
+START_TEST(tcp_get_released_by_other_client) {
+  struct dcomm_store *a = client(), *b = client();
+  api_get_released(a, b);
+  dcomm__store_close(a);
+  dcomm__store_close(b);
+}
+END_TEST
+
+START_TEST(tcp_validation_and_prefix) {
+  struct dcomm_store *a = client(), *b = client();
+  api_validation(a, b);
+  dcomm__store_close(a);
+  dcomm__store_close(b);
+}
+END_TEST
+
+START_TEST(tcp_max_value) {
+  set_max_value("1024");
+  struct dcomm_store *a = client(), *b = client();
+  api_max_value(a, b);
+  /* The server enforces the bound itself, without reading the value. */
+  int fd = raw_store();
+  unsigned char f[64], *p = f;
+  p = dcomm__store_put_u8(p, DCOMM_STORE_CMD_SET);
+  p += put_str(p, "raw-big", 7);
+  p = dcomm__store_put_u32(p, 2000);
+  raw_send(fd, f, (size_t)(p - f));
+  ck_assert_int_eq(raw_status(fd, 5), DCOMM_EINVAL);
+  ck_assert(raw_eof(fd, 5));
+  close(fd);
+  expect_absent(b, "raw-big");
+  dcomm__store_close(a);
+  dcomm__store_close(b);
+}
+END_TEST
+
+struct adder {
+  struct dcomm_store *shared; /* NULL: connect or open an own handle */
+  const char *path;           /* file store path, or NULL for TCP */
+  int iters, rc;
+  int64_t *results;
+};
+
+static void *adder_main(void *arg) {
+  struct adder *ad = arg;
+  struct dcomm_store *s = ad->shared;
+  int rc = 0;
+  if (!s) {
+    if (ad->path) rc = dcomm__store_file_open(ad->path, 10.0, &s);
+    else rc = dcomm__store_tcp_connect("127.0.0.1", port, JOB, TOKEN, 5.0, 10.0, &s);
+  }
+  for (int i = 0; rc == 0 && i < ad->iters; i++) rc = dcomm__store_add(s, "counter", 1, &ad->results[i]);
+  if (s && !ad->shared) dcomm__store_close(s);
+  ad->rc = rc;
+  return NULL;
+}
+
+static int cmp64(const void *x, const void *y) {
+  int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+  return (a > b) - (a < b);
+}
+
+/* Runs nthreads adders (the first nshared on one shared handle) and checks
+ * that the counter is exact and every add saw a distinct value. */
+static void run_adders(struct dcomm_store *shared, const char *path, int nthreads, int nshared, int iters,
+                       int64_t extra) {
+  pthread_t th[32];
+  struct adder ad[32];
+  int64_t *res = calloc((size_t)(nthreads * iters), sizeof(*res));
+  for (int i = 0; i < nthreads; i++) {
+    ad[i] = (struct adder){.shared = i < nshared ? shared : NULL, .path = path, .iters = iters, .results = res + i * iters};
+    ck_assert_int_eq(pthread_create(&th[i], NULL, adder_main, &ad[i]), 0);
+  }
+  for (int i = 0; i < nthreads; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < nthreads; i++) ck_assert_msg(ad[i].rc == 0, "adder %d failed with %d", i, ad[i].rc);
+  int total = nthreads * iters;
+  qsort(res, (size_t)total, sizeof(*res), cmp64);
+  for (int i = 1; i < total; i++) ck_assert_msg(res[i] != res[i - 1], "two adds returned %lld", (long long)res[i]);
+  free(res);
+  int64_t final = -1;
+  ok(dcomm__store_add(shared, "counter", 0, &final));
+  ck_assert_int_eq(final, total + extra);
+  char txt[32];
+  snprintf(txt, sizeof(txt), "%lld", (long long)(total + extra));
+  expect_value(shared, "counter", txt, strlen(txt));
+}
+
+START_TEST(tcp_concurrent_add) {
+  struct dcomm_store *s = client_t(10.0);
+  run_adders(s, NULL, 16, 4, 150, 0);
+  dcomm__store_close(s);
+}
+END_TEST
+
+static void check_refused_cannot_write(const char *job, const char *token, uint32_t purpose, int want_rc) {
+  struct dcomm_store *s = (void *)1;
+  int rc = dcomm__store_tcp_connect("127.0.0.1", port, job, token, 2.0, 1.0, &s);
+  if (purpose == DCOMM_HS_STORE) {
+    ck_assert_msg(rc == want_rc, "connect returned %d, expected %d", rc, want_rc);
+    ck_assert_ptr_null(s);
+  } else if (rc == 0) {
+    dcomm__store_close(s);
+  }
+  /* A raw peer that ignores the refusal and sends a request anyway. */
+  int hs = 0;
+  int fd = raw_connect(job, token, purpose, &hs);
+  ck_assert_int_eq(hs, want_rc);
+  unsigned char f[64], *p = f;
+  p = dcomm__store_put_u8(p, DCOMM_STORE_CMD_SET);
+  p += put_str(p, "intruder", 8);
+  p += put_str(p, "evil", 4);
+  send(fd, f, (size_t)(p - f), MSG_NOSIGNAL); /* may fail: the server hangs up */
+  ck_assert_msg(raw_eof(fd, 5), "the server did not close a refused connection");
+  close(fd);
+  struct dcomm_store *good = client();
+  expect_absent(good, "intruder");
+  dcomm__store_close(good);
+}
+
+START_TEST(tcp_job_mismatch) { check_refused_cannot_write("another-job", TOKEN, DCOMM_HS_STORE, DCOMM_EAUTH); }
+END_TEST
+
+START_TEST(tcp_wrong_token) {
+  check_refused_cannot_write(JOB, "wrong-token", DCOMM_HS_STORE, DCOMM_EAUTH);
+  check_refused_cannot_write(JOB, NULL, DCOMM_HS_STORE, DCOMM_EAUTH);
+}
+END_TEST
+
+START_TEST(tcp_wrong_purpose) {
+  /* A peer-link handshake passes authentication but is not a store client. */
+  check_refused_cannot_write(JOB, TOKEN, DCOMM_HS_PEER, 0);
+}
+END_TEST
+
+START_TEST(tcp_garbage_cmd) {
+  struct dcomm_store *a = client();
+  ok(dcomm__store_set(a, "keep", "intact", 6));
+  int fd = raw_store();
+  unsigned char junk[] = {0xee, 0x01, 0x02, 0x03, 0xff, 0x00, 0x41};
+  raw_send(fd, junk, sizeof(junk));
+  ck_assert_int_eq(raw_status(fd, 5), DCOMM_EPROTO);
+  ck_assert(raw_eof(fd, 5));
+  close(fd);
+  /* cmd 0 and a bad compare_set flag too. */
+  fd = raw_store();
+  raw_send(fd, "\0", 1);
+  ck_assert_int_eq(raw_status(fd, 5), DCOMM_EPROTO);
+  close(fd);
+  fd = raw_store();
+  unsigned char f[64], *p = f;
+  p = dcomm__store_put_u8(p, DCOMM_STORE_CMD_CAS);
+  p += put_str(p, "keep", 4);
+  p = dcomm__store_put_u8(p, 7);
+  raw_send(fd, f, (size_t)(p - f));
+  ck_assert_int_eq(raw_status(fd, 5), DCOMM_EPROTO);
+  close(fd);
+  /* The old client still works, and so does a new one. */
+  expect_value(a, "keep", "intact", 6);
+  expect_server_serves("keep", "intact");
+  dcomm__store_close(a);
+}
+END_TEST
+
+START_TEST(tcp_oversized_lengths) {
+  struct dcomm_store *a = client();
+  ok(dcomm__store_set(a, "keep", "intact", 6));
+  uint32_t bad[] = {0xffffffffu, DCOMM_STORE_PROTO_MAX_KEY + 1, 0};
+  for (int i = 0; i < 3; i++) {
+    int fd = raw_store();
+    unsigned char f[16], *p = f;
+    p = dcomm__store_put_u8(p, DCOMM_STORE_CMD_GET);
+    p = dcomm__store_put_u32(p, bad[i]);
+    raw_send(fd, f, (size_t)(p - f));
+    ck_assert_int_eq(raw_status(fd, 5), DCOMM_EPROTO);
+    ck_assert(raw_eof(fd, 5));
+    close(fd);
+  }
+  /* Too many wait keys, and a key with a NUL byte. */
+  int fd = raw_store();
+  unsigned char f[64], *p = f;
+  p = dcomm__store_put_u8(p, DCOMM_STORE_CMD_WAIT);
+  p = dcomm__store_put_u64(p, 1000);
+  p = dcomm__store_put_u32(p, DCOMM_STORE_MAX_WAIT_KEYS + 1);
+  raw_send(fd, f, (size_t)(p - f));
+  ck_assert_int_eq(raw_status(fd, 5), DCOMM_EPROTO);
+  close(fd);
+  fd = raw_store();
+  p = f;
+  p = dcomm__store_put_u8(p, DCOMM_STORE_CMD_SET);
+  p += put_str(p, "ke\0p", 4);
+  p += put_str(p, "x", 1);
+  raw_send(fd, f, (size_t)(p - f));
+  ck_assert_int_eq(raw_status(fd, 5), DCOMM_EPROTO);
+  close(fd);
+  expect_value(a, "keep", "intact", 6);
+  expect_server_serves("keep", "intact");
+  dcomm__store_close(a);
+}
+END_TEST
+
+START_TEST(tcp_truncated_frame) {
+  struct dcomm_store *a = client();
+  ok(dcomm__store_set(a, "keep", "intact", 6));
+  int fd = raw_store();
+  unsigned char f[64], *p = f;
+  p = dcomm__store_put_u8(p, DCOMM_STORE_CMD_SET);
+  p += put_str(p, "truncated", 9);
+  p = dcomm__store_put_u32(p, 10); /* a 10-byte value, of which 3 come */
+  memcpy(p, "abc", 3);
+  p += 3;
+  raw_send(fd, f, (size_t)(p - f));
+  shutdown(fd, SHUT_WR);
+  int st = raw_status(fd, 5);
+  ck_assert_msg(st == DCOMM_EPROTO || st == 1, "truncated frame answered %d", st);
+  ck_assert(raw_eof(fd, 5));
+  close(fd);
+  expect_absent(a, "truncated");
+  expect_value(a, "keep", "intact", 6);
+  expect_server_serves("keep", "intact");
+  dcomm__store_close(a);
+}
+END_TEST
+
+START_TEST(tcp_garbage_before_handshake) {
+  struct dcomm_store *a = client();
+  ok(dcomm__store_set(a, "keep", "intact", 6));
+  int fd = raw_connect(NULL, NULL, 0, NULL);
+  unsigned char junk[200];
+  for (size_t i = 0; i < sizeof(junk); i++) junk[i] = (unsigned char)(i * 37 + 11);
+  send(fd, junk, sizeof(junk), MSG_NOSIGNAL);
+  ck_assert_msg(raw_eof(fd, 5), "the server kept a connection with a garbage handshake");
+  close(fd);
+  expect_value(a, "keep", "intact", 6);
+  expect_server_serves("keep", "intact");
+  dcomm__store_close(a);
+}
+END_TEST
+
+START_TEST(tcp_silent_connection) {
+  struct dcomm_store *a = client();
+  ok(dcomm__store_set(a, "keep", "intact", 6));
+  double t0 = dcomm__now();
+  int fd = raw_connect(NULL, NULL, 0, NULL);
+  /* Others are served while the silent one sits in its handshake. */
+  double t1 = dcomm__now();
+  expect_server_serves("keep", "intact");
+  ck_assert_msg(dcomm__now() - t1 < 2.0, "a silent connection delayed other clients");
+  ck_assert_msg(raw_eof(fd, DCOMM_STORE_HS_TIMEOUT + 5), "the server never dropped a silent connection");
+  double el = dcomm__now() - t0;
+  ck_assert_msg(el >= DCOMM_STORE_HS_TIMEOUT - 1 && el < DCOMM_STORE_HS_TIMEOUT + 5, "dropped after %.1f s", el);
+  close(fd);
+  expect_value(a, "keep", "intact", 6);
+  dcomm__store_close(a);
+}
+END_TEST
+
+START_TEST(tcp_stop_with_blocked_get) {
+  struct dcomm_store *a = client_t(30.0), *idle = client();
+  struct blocked_get g = {.s = a, .key = "never", .timeout = 30.0};
+  int silent = raw_connect(NULL, NULL, 0, NULL);
+  pthread_t th;
+  ck_assert_int_eq(pthread_create(&th, NULL, blocked_get_main, &g), 0);
+  sleep_s(0.3);
+  double t0 = dcomm__now();
+  dcomm__store_server_stop(srv);
+  srv = NULL;
+  double stop_s = dcomm__now() - t0;
+  pthread_join(th, NULL);
+  ck_assert_msg(stop_s < 3.0, "stop took %.2f s", stop_s);
+  ck_assert_msg(g.rc == DCOMM_EPEERLOST, "blocked get returned %d", g.rc);
+  ck_assert_msg(g.elapsed < 5.0, "blocked get returned after %.2f s", g.elapsed);
+  ck_assert_ptr_null(g.val);
+  /* A handle whose server is gone keeps failing fast. */
+  ck_assert_int_eq(dcomm__store_set(idle, "x", "y", 1), DCOMM_EPEERLOST);
+  ck_assert_int_eq(dcomm__store_set(a, "x", "y", 1), DCOMM_EPEERLOST);
+  ck_assert(raw_eof(silent, 2));
+  close(silent);
+  dcomm__store_close(a);
+  dcomm__store_close(idle);
+}
+END_TEST
+
+START_TEST(tcp_connect_timeout_and_local_ip) {
+  struct dcomm_store *a = client();
+  char ip[64];
+  ok(dcomm__store_tcp_local_ip(a, ip, sizeof(ip)));
+  ck_assert_str_eq(ip, "127.0.0.1");
+  dcomm__store_close(a);
+  /* Once the server is gone, connecting gives up after connect_timeout. */
+  int p = port;
+  server_teardown();
+  struct dcomm_store *s = (void *)1;
+  double t0 = dcomm__now();
+  ck_assert_int_eq(dcomm__store_tcp_connect("127.0.0.1", p, JOB, TOKEN, 0.3, 1.0, &s), DCOMM_ETIMEDOUT);
+  double el = dcomm__now() - t0;
+  ck_assert_msg(el >= 0.2 && el < 3.0, "connect gave up after %.2f s", el);
+  ck_assert_ptr_null(s);
+  ck_assert_int_eq(dcomm__store_tcp_connect("127.0.0.1", 0, JOB, TOKEN, 0.3, 1.0, &s), DCOMM_EINVAL);
+}
+END_TEST
+
+/* ---- file store ---- */
+
+static char dir[64], path[128];
+
+static void file_setup(void) {
+  snprintf(dir, sizeof(dir), "/tmp/dcomm_check_store.XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  snprintf(path, sizeof(path), "%s/store", dir);
+}
+
+static void file_teardown(void) {
+  unlink(path);
+  rmdir(dir);
+}
+
+static struct dcomm_store *fopen_t(double timeout) {
+  struct dcomm_store *s = NULL;
+  int rc = dcomm__store_file_open(path, timeout, &s);
+  ck_assert_msg(rc == 0, "file open: %d (%s)", rc, dcomm_last_error());
+  ck_assert_str_eq(s->ops->name, "file");
+  return s;
+}
+
+static struct dcomm_store *fopen_h(void) { return fopen_t(0.3); }
+
+START_TEST(file_basic) {
+  struct dcomm_store *a = fopen_h(), *b = fopen_h();
+  api_basic(a, b);
+  dcomm__store_close(a);
+  dcomm__store_close(b);
+  /* A handle opened later replays the whole history, tombstones included. */
+  struct dcomm_store *c = fopen_h();
+  expect_absent(c, "k");
+  expect_value(c, "num", "42", 2);
+  expect_value(c, "cnt", "3", 1);
+  dcomm__store_close(c);
+}
+END_TEST
+
+START_TEST(file_compare_set) {
+  struct dcomm_store *a = fopen_h(), *b = fopen_h();
+  api_compare_set(a, b);
+  dcomm__store_close(a);
+  dcomm__store_close(b);
+}
+END_TEST
+
+START_TEST(file_wait) {
+  struct dcomm_store *a = fopen_h(), *b = fopen_h();
+  api_wait(a, b);
+  dcomm__store_close(a);
+  dcomm__store_close(b);
+}
+END_TEST
+
+START_TEST(file_get_timeout) {
+  struct dcomm_store *a = fopen_h();
+  api_get_timeout(a);
+  dcomm__store_close(a);
+}
+END_TEST
+
+START_TEST(file_get_released_by_other_handle) {
+  struct dcomm_store *a = fopen_h(), *b = fopen_h();
+  api_get_released(a, b);
+  dcomm__store_close(a);
+  dcomm__store_close(b);
+}
+END_TEST
+
+START_TEST(file_validation_and_prefix) {
+  struct dcomm_store *a = fopen_h(), *b = fopen_h();
+  api_validation(a, b);
+  char ip[64];
+  ck_assert_int_eq(dcomm__store_tcp_local_ip(a, ip, sizeof(ip)), DCOMM_EINVAL);
+  dcomm__store_close(a);
+  dcomm__store_close(b);
+  struct dcomm_store *s = (void *)1;
+  ck_assert_int_eq(dcomm__store_file_open("", 1.0, &s), DCOMM_EINVAL);
+  ck_assert_ptr_null(s);
+  ck_assert_int_ne(dcomm__store_file_open("/nonexistent-dir/x/store", 1.0, &s), 0);
+}
+END_TEST
+
+START_TEST(file_max_value) {
+  set_max_value("1024");
+  struct dcomm_store *a = fopen_h(), *b = fopen_h();
+  api_max_value(a, b);
+  dcomm__store_close(a);
+  dcomm__store_close(b);
+}
+END_TEST
+
+START_TEST(file_concurrent_add) {
+  /* Three processes and eight threads (two sharing a handle) add at once. */
+  struct dcomm_store *s = fopen_t(10.0);
+  pid_t kids[3];
+  for (int k = 0; k < 3; k++) {
+    kids[k] = fork();
+    ck_assert_int_ge(kids[k], 0);
+    if (kids[k] == 0) {
+      struct dcomm_store *c = NULL;
+      int rc = dcomm__store_file_open(path, 10.0, &c);
+      for (int i = 0; rc == 0 && i < 100; i++) rc = dcomm__store_add(c, "counter", 1, NULL);
+      if (c) dcomm__store_close(c);
+      _exit(rc == 0 ? 0 : 1);
+    }
+  }
+  run_adders(s, path, 8, 2, 100, 0);
+  for (int k = 0; k < 3; k++) {
+    int st = 0;
+    ck_assert_int_eq(waitpid(kids[k], &st, 0), kids[k]);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child %d failed", k);
+  }
+  int64_t final = 0;
+  ok(dcomm__store_add(s, "counter", 0, &final));
+  ck_assert_int_eq(final, 8 * 100 + 3 * 100);
+  dcomm__store_close(s);
+}
+END_TEST
+
+static void append_raw(const void *b, size_t n) {
+  int fd = open(path, O_WRONLY | O_APPEND);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(write(fd, b, n), (ssize_t)n);
+  close(fd);
+}
+
+static off_t file_size(void) {
+  struct stat st;
+  ck_assert_int_eq(stat(path, &st), 0);
+  return st.st_size;
+}
+
+START_TEST(file_torn_record) {
+  struct dcomm_store *a = fopen_h();
+  ok(dcomm__store_set(a, "k1", "v1", 2));
+  off_t good = file_size();
+  dcomm__store_close(a);
+  /* A writer died after the first part of a record: a valid-looking header
+   * promising 3 key and 10 value bytes, and only 4 of them. */
+  unsigned char rec[64], *p = rec;
+  p = dcomm__store_put_u32(p, 0x44434652u);
+  p = dcomm__store_put_u8(p, 1);
+  p = dcomm__store_put_u32(p, 3);
+  p = dcomm__store_put_u32(p, 10);
+  p = dcomm__store_put_u32(p, 0);
+  memcpy(p, "k2\0v", 4);
+  p += 4;
+  append_raw(rec, (size_t)(p - rec));
+  struct dcomm_store *b = fopen_h();
+  expect_value(b, "k1", "v1", 2);
+  /* The next write cuts the torn tail off and lands on a record boundary. */
+  ok(dcomm__store_set(b, "k3", "v3", 2));
+  struct dcomm_store *c = fopen_h();
+  expect_value(c, "k1", "v1", 2);
+  expect_value(c, "k3", "v3", 2);
+  dcomm__store_close(c);
+  /* A torn header (fewer bytes than a header) is ignored as well. */
+  append_raw(rec, 7);
+  c = fopen_h();
+  expect_value(c, "k3", "v3", 2);
+  ok(dcomm__store_add(c, "n", 2, NULL));
+  dcomm__store_close(c);
+  c = fopen_h();
+  expect_value(c, "n", "2", 1);
+  expect_value(b, "n", "2", 1);
+  ck_assert_int_gt(file_size(), good);
+  dcomm__store_close(c);
+  dcomm__store_close(b);
+}
+END_TEST
+
+START_TEST(file_corrupt_record) {
+  struct dcomm_store *a = fopen_h();
+  ok(dcomm__store_set(a, "k1", "value-1", 7));
+  off_t end = file_size();
+  ok(dcomm__store_set(a, "k2", "value-2", 7));
+  dcomm__store_close(a);
+  /* Flip a byte inside the second record's value: the checksum catches it. */
+  int fd = open(path, O_RDWR);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(pwrite(fd, "X", 1, file_size() - 2), 1);
+  close(fd);
+  struct dcomm_store *s = (void *)1;
+  ck_assert_int_eq(dcomm__store_file_open(path, 1.0, &s), DCOMM_EPROTO);
+  ck_assert_ptr_null(s);
+  /* Complete garbage after good records is corrupt too, not torn. */
+  ck_assert_int_eq(truncate(path, end), 0);
+  unsigned char junk[64];
+  memset(junk, 0x5a, sizeof(junk));
+  append_raw(junk, sizeof(junk));
+  ck_assert_int_eq(dcomm__store_file_open(path, 1.0, &s), DCOMM_EPROTO);
+  /* A handle that was fine before sees the corruption on its next read. */
+  ck_assert_int_eq(truncate(path, end), 0);
+  a = fopen_h();
+  expect_value(a, "k1", "value-1", 7);
+  append_raw(junk, sizeof(junk));
+  void *v = NULL;
+  size_t n = 0;
+  ck_assert_int_eq(dcomm__store_get(a, "k2", 0.2, &v, &n), DCOMM_EPROTO);
+  dcomm__store_close(a);
+}
+END_TEST
+
+/* ---- suite ---- */
+
+static Suite *store_suite(void) {
+  Suite *s = suite_create("store");
+  TCase *tc = tcase_create("tcp");
+  tcase_add_checked_fixture(tc, server_setup, server_teardown);
+  tcase_set_timeout(tc, 20);
+  tcase_add_test(tc, tcp_basic);
+  tcase_add_test(tc, tcp_compare_set);
+  tcase_add_test(tc, tcp_wait);
+  tcase_add_test(tc, tcp_get_timeout);
+  tcase_add_test(tc, tcp_get_released_by_other_client);
+  tcase_add_test(tc, tcp_validation_and_prefix);
+  tcase_add_test(tc, tcp_max_value);
+  tcase_add_test(tc, tcp_concurrent_add);
+  tcase_add_test(tc, tcp_job_mismatch);
+  tcase_add_test(tc, tcp_wrong_token);
+  tcase_add_test(tc, tcp_wrong_purpose);
+  tcase_add_test(tc, tcp_garbage_cmd);
+  tcase_add_test(tc, tcp_oversized_lengths);
+  tcase_add_test(tc, tcp_truncated_frame);
+  tcase_add_test(tc, tcp_garbage_before_handshake);
+  tcase_add_test(tc, tcp_silent_connection);
+  tcase_add_test(tc, tcp_stop_with_blocked_get);
+  tcase_add_test(tc, tcp_connect_timeout_and_local_ip);
+  suite_add_tcase(s, tc);
+
+  TCase *tf = tcase_create("file");
+  tcase_add_checked_fixture(tf, file_setup, file_teardown);
+  tcase_set_timeout(tf, 20);
+  tcase_add_test(tf, file_basic);
+  tcase_add_test(tf, file_compare_set);
+  tcase_add_test(tf, file_wait);
+  tcase_add_test(tf, file_get_timeout);
+  tcase_add_test(tf, file_get_released_by_other_handle);
+  tcase_add_test(tf, file_validation_and_prefix);
+  tcase_add_test(tf, file_max_value);
+  tcase_add_test(tf, file_concurrent_add);
+  tcase_add_test(tf, file_torn_record);
+  tcase_add_test(tf, file_corrupt_record);
+  suite_add_tcase(s, tf);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(store_suite());
+  srunner_set_fork_status(sr, CK_FORK);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed != 0;
+}
