@@ -58,20 +58,10 @@ int main(int argc, char **argv) {
     print_params();
     return 0;
   }
-  printf("dcomm %s\n", dcomm_version_string());
+  printf("dcomm %s\n", PACKAGE_VERSION);
   printf("backends:\n");
   print_backend("tcp");
   print_backend("nccl");
   printf("init methods: env:// tcp:// file://\n");
-#ifdef DCOMM_HAVE_PMIX
-  printf("pmix: built\n");
-#else
-  printf("pmix: not built\n");
-#endif
-#ifdef DCOMM_HAVE_ETCD
-  printf("etcd: built\n");
-#else
-  printf("etcd: not built\n");
-#endif
   return 0;
 }

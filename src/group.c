@@ -191,3 +191,43 @@ int dcomm_group_free(dcomm_group_t g) {
   free(grp);
   return 0;
 }
+
+/* After a recovery: every group keeps its members that are still alive,
+ * found by member id, in their old order; handles stay valid. Groups are
+ * rebuilt in creation order so that every member creates them in the same
+ * order. */
+int dcomm__groups_rebuild(char (*old_members)[40], int old_size) {
+  struct dcomm_world *w = &dcomm__w;
+  int n = 0;
+  for (struct dcomm_group *g = w->groups; g; g = g->next) n++;
+  struct dcomm_group **order = malloc(sizeof(*order) * (size_t)(n ? n : 1));
+  if (!order) return dcomm__err(DCOMM_ENOMEM, "out of memory");
+  int i = n;
+  for (struct dcomm_group *g = w->groups; g; g = g->next) order[--i] = g;
+  int rc = 0;
+  for (i = 0; i < n && rc == 0; i++) {
+    struct dcomm_group *g = order[i];
+    int k = 0;
+    for (int j = 0; j < g->size; j++) {
+      int old = g->world_ranks[j];
+      if (old < 0 || old >= old_size) continue;
+      for (int r = 0; r < w->size; r++)
+        if (!strcmp(w->members[r], old_members[old])) {
+          g->world_ranks[k++] = r;
+          break;
+        }
+    }
+    g->size = k;
+    g->rank = -1;
+    for (int j = 0; j < k; j++)
+      if (g->world_ranks[j] == w->rank) g->rank = j;
+    g->is_member = g->rank >= 0;
+    g->id = dcomm__hash64(g->id ^ (uint64_t)w->generation, "rebuild", 7);
+    g->seq = 0;
+    g->broken = 0;
+    if (g->is_member) rc = dcomm__group_connect(g);
+    DCOMM_LOG(INFO, GROUP, "rebuilt %s: %d members, my rank %d", g->label, g->size, g->rank);
+  }
+  free(order);
+  return rc;
+}

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <uuid/uuid.h>
 
 #include "auth.h"
 #include "error.h"
@@ -112,6 +113,10 @@ static int setup_store(struct dcomm_world *w, const struct dcomm_init_spec *spec
   if (spec->kind == DCOMM_IM_FILE) {
     snprintf(file_store_path, sizeof(file_store_path), "%s", spec->path);
     DCOMM_CHECK(dcomm__store_file_open(spec->path, timeout, &w->store));
+    if (w->elastic) {
+      DCOMM_CHECK(dcomm__store_file_open(spec->path, timeout, &w->estore));
+      dcomm__store_set_prefix(w->estore, "");
+    }
     const char *ifaddr = dcomm__param_str(DCOMM_P_SOCKET_IFADDR);
     snprintf(w->listen_ip, sizeof(w->listen_ip), "%s", *ifaddr ? ifaddr : "127.0.0.1");
     return 0;
@@ -123,33 +128,114 @@ static int setup_store(struct dcomm_world *w, const struct dcomm_init_spec *spec
   }
   int rc = dcomm__store_tcp_connect(spec->host, spec->port, w->job_id, w->token, ctimeout, timeout, &w->store);
   if (rc < 0) return dcomm__err_ctx(rc, "cannot reach the store at %s:%d", spec->host, spec->port);
+  if (w->elastic) { /* the watcher's own link, so it never delays calls */
+    rc = dcomm__store_tcp_connect(spec->host, spec->port, w->job_id, w->token, ctimeout, timeout, &w->estore);
+    if (rc < 0) return dcomm__err_ctx(rc, "cannot reach the store at %s:%d", spec->host, spec->port);
+    dcomm__store_set_prefix(w->estore, "");
+  }
   const char *ifaddr = dcomm__param_str(DCOMM_P_SOCKET_IFADDR);
   if (*ifaddr) snprintf(w->listen_ip, sizeof(w->listen_ip), "%s", ifaddr);
   else DCOMM_CHECK(dcomm__store_tcp_local_ip(w->store, w->listen_ip, sizeof(w->listen_ip)));
   return 0;
 }
 
+/* Destroys every communicator (groups stay, without comms) and the
+ * backend. aborted: the generation failed, so comms are aborted first. */
+void dcomm__world_release(struct dcomm_world *w, int aborted) {
+  pthread_mutex_lock(&w->lock);
+  for (struct dcomm_group *g = w->groups; g; g = g->next)
+    if (g->bcomm) {
+      if (aborted) w->be->comm_abort(g->bcomm, DCOMM_EREVOKED);
+      w->be->comm_destroy(g->bcomm);
+      g->bcomm = NULL;
+    }
+  if (w->world.bcomm) {
+    if (aborted) w->be->comm_abort(w->world.bcomm, DCOMM_EREVOKED);
+    w->be->comm_destroy(w->world.bcomm);
+    w->world.bcomm = NULL;
+  }
+  if (w->be_ctx) w->be->finalize(w->be_ctx);
+  w->be_ctx = NULL;
+  pthread_mutex_unlock(&w->lock);
+}
+
+/* Reads every world rank's member id (each rank set its own before it
+ * connected, so after the world exists they are all there). */
+static int load_members(struct dcomm_world *w) {
+  free(w->members);
+  w->members = calloc((size_t)w->size, sizeof(*w->members));
+  if (!w->members) return dcomm__err(DCOMM_ENOMEM, "out of memory");
+  for (int r = 0; r < w->size; r++) {
+    char key[64];
+    void *val = NULL;
+    size_t len = 0;
+    snprintf(key, sizeof(key), "member/%d", r);
+    DCOMM_CHECK(dcomm__store_get(w->store, key, -1, &val, &len));
+    if (len == 0 || len > sizeof(w->members[r]) || ((char *)val)[len - 1]) {
+      free(val);
+      return dcomm__err(DCOMM_EPROTO, "malformed member id of rank %d in the store", r);
+    }
+    memcpy(w->members[r], val, len);
+    free(val);
+  }
+  return 0;
+}
+
+int dcomm__world_build(struct dcomm_world *w) {
+  char prefix[64];
+  snprintf(prefix, sizeof(prefix), "g%ld/", w->generation);
+  DCOMM_CHECK(dcomm__store_set_prefix(w->store, prefix));
+  dcomm__log_set_identity(w->rank, w->generation);
+  char key[64];
+  snprintf(key, sizeof(key), "member/%d", w->rank);
+  DCOMM_CHECK(dcomm__store_set(w->store, key, w->member_id, strlen(w->member_id) + 1));
+  fill_host(w);
+  int rc = w->be->init(&w->host, &w->be_ctx);
+  if (rc < 0) {
+    w->be_ctx = NULL;
+    return rc;
+  }
+  struct dcomm_group *wg = &w->world;
+  double timeout = wg->timeout > 0 ? wg->timeout : dcomm__param_double(DCOMM_P_TIMEOUT);
+  free(wg->world_ranks);
+  memset(wg, 0, sizeof(*wg));
+  wg->id = dcomm__hash64((uint64_t)w->generation, "world", 5);
+  wg->is_member = 1;
+  wg->rank = w->rank;
+  wg->size = w->size;
+  wg->timeout = timeout;
+  snprintf(wg->label, sizeof(wg->label), "world");
+  wg->world_ranks = malloc(sizeof(int) * (size_t)w->size);
+  if (!wg->world_ranks) return dcomm__err(DCOMM_ENOMEM, "out of memory");
+  for (int i = 0; i < w->size; i++) wg->world_ranks[i] = i;
+  DCOMM_CHECK(dcomm__group_connect(wg));
+  return load_members(w);
+}
+
 static void teardown(struct dcomm_world *w) {
+  if (w->elastic) dcomm__elastic_stop(w);
   while (w->groups) {
     struct dcomm_group *g = w->groups;
     w->groups = g->next;
     dcomm__group_release(g);
     free(g);
   }
-  if (w->world.bcomm) w->be->comm_destroy(w->world.bcomm);
-  w->world.bcomm = NULL;
+  if (w->be) dcomm__world_release(w, 0);
   free(w->world.world_ranks);
   w->world.world_ranks = NULL;
-  if (w->be_ctx) w->be->finalize(w->be_ctx);
-  w->be_ctx = NULL;
+  free(w->members);
+  w->members = NULL;
   dcomm__backend_unload(w->be_module);
   w->be_module = NULL;
   w->be = NULL;
   if (w->store) dcomm__store_close(w->store);
   w->store = NULL;
+  if (w->estore) dcomm__store_close(w->estore);
+  w->estore = NULL;
   if (w->server) dcomm__store_server_stop(w->server);
   w->server = NULL;
   w->initialized = 0;
+  w->new_groups = 0;
 }
 
 int dcomm_init(const char *backend, const char *init_method) {
@@ -168,42 +254,33 @@ int dcomm_init(const char *backend, const char *init_method) {
   w->local_rank = spec.local_rank;
   w->local_size = spec.local_size;
   w->generation = 0;
+  w->world.timeout = dcomm__param_double(DCOMM_P_TIMEOUT);
+  w->elastic = dcomm__param_bool(DCOMM_P_ELASTIC);
   dcomm__log_set_identity(w->rank, w->generation);
   const char *job = dcomm__param_str(DCOMM_P_JOB_ID);
   snprintf(w->job_id, sizeof(w->job_id), "%s", *job ? job : "default");
   snprintf(w->token, sizeof(w->token), "%s", dcomm__param_str(DCOMM_P_AUTH_TOKEN));
   if (strlen(w->job_id) > DCOMM_HS_MAX_JOB) return dcomm__err(DCOMM_EINVAL, "DCOMM_JOB_ID is longer than %d bytes", DCOMM_HS_MAX_JOB);
+  const char *mid = dcomm__param_str(DCOMM_P_MEMBER_ID);
+  if (*mid) {
+    if (strlen(mid) >= sizeof(w->member_id)) return dcomm__err(DCOMM_EINVAL, "DCOMM_MEMBER_ID is longer than 39 bytes");
+    snprintf(w->member_id, sizeof(w->member_id), "%s", mid);
+  } else {
+    uuid_t u;
+    uuid_generate(u);
+    uuid_unparse_lower(u, w->member_id);
+  }
 
   rc = dcomm__backend_load(backend, &w->be, &w->be_module);
   if (rc < 0) return rc;
   double t0 = dcomm__now();
   if ((rc = setup_store(w, &spec)) < 0) goto fail;
-  char prefix[64];
-  snprintf(prefix, sizeof(prefix), "g%ld/", w->generation);
-  if ((rc = dcomm__store_set_prefix(w->store, prefix)) < 0) goto fail;
-  fill_host(w);
-  if ((rc = w->be->init(&w->host, &w->be_ctx)) < 0) {
-    w->be_ctx = NULL;
-    goto fail;
-  }
-  struct dcomm_group *wg = &w->world;
-  memset(wg, 0, sizeof(*wg));
-  wg->id = dcomm__hash64((uint64_t)w->generation, "world", 5);
-  wg->is_member = 1;
-  wg->rank = w->rank;
-  wg->size = w->size;
-  wg->timeout = dcomm__param_double(DCOMM_P_TIMEOUT);
-  snprintf(wg->label, sizeof(wg->label), "world");
-  wg->world_ranks = malloc(sizeof(int) * (size_t)w->size);
-  if (!wg->world_ranks) {
-    rc = dcomm__err(DCOMM_ENOMEM, "dcomm_init: out of memory");
-    goto fail;
-  }
-  for (int i = 0; i < w->size; i++) wg->world_ranks[i] = i;
-  w->initialized = 1; /* group_connect needs the world */
-  if ((rc = dcomm__group_connect(wg)) < 0) goto fail;
-  DCOMM_LOG(INFO, INIT, "initialized: rank %d of %d (local %d of %d), backend %s, job %s, %.3f s", w->rank, w->size,
-            w->local_rank, w->local_size, w->be->name, w->job_id, dcomm__now() - t0);
+  w->initialized = 1; /* groups and the elastic layer need the world */
+  if (w->elastic && dcomm__param_bool(DCOMM_P_ELASTIC_JOIN) && (rc = dcomm__elastic_join(w)) < 0) goto fail;
+  if ((rc = dcomm__world_build(w)) < 0) goto fail;
+  if (w->elastic && (rc = dcomm__elastic_start(w)) < 0) goto fail;
+  DCOMM_LOG(INFO, INIT, "initialized: rank %d of %d (local %d of %d), backend %s, job %s, generation %ld, %.3f s",
+            w->rank, w->size, w->local_rank, w->local_size, w->be->name, w->job_id, w->generation, dcomm__now() - t0);
   return 0;
 fail:
   DCOMM_LOG(WARN, INIT, "dcomm_init failed: %s", dcomm_last_error());

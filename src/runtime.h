@@ -44,10 +44,22 @@ struct dcomm_world {
   struct dcomm_group world;  /* the world group (dcomm_group_t NULL) */
   struct dcomm_group *groups; /* sub-groups, newest first */
   uint64_t new_groups;        /* dcomm_new_group calls so far */
-  pthread_mutex_t lock;
+  pthread_mutex_t lock;       /* guards comms against the elastic watcher */
+  /* elastic state */
+  int elastic;
+  char member_id[40];
+  char (*members)[40];        /* member id of every world rank */
+  struct dcomm_store *estore; /* the watcher's own store link, no prefix */
+  pthread_t watcher;
+  int watcher_running, watcher_stop;
 };
 
 extern struct dcomm_world dcomm__w;
+
+/* runtime.c: builds the world of the current generation (store prefix,
+ * backend, world communicator, member table) / releases every comm. */
+int dcomm__world_build(struct dcomm_world *w);
+void dcomm__world_release(struct dcomm_world *w, int aborted);
 
 /* plugin_loader.c */
 int dcomm__backend_load(const char *name, const struct dcomm_backend_v1 **be, void **handle);
@@ -59,9 +71,15 @@ int dcomm__group_resolve(dcomm_group_t g, int need_member, struct dcomm_group **
 /* Creates the backend communicator for a filled-in group (members only). */
 int dcomm__group_connect(struct dcomm_group *grp);
 void dcomm__group_release(struct dcomm_group *grp);
+int dcomm__groups_rebuild(char (*old_members)[40], int old_size);
 
 /* collectives.c: runs one op through the backend (post + wait). */
 int dcomm__run_op(struct dcomm_group *grp, struct dcomm_coll_args *a, const char *what);
+
+/* elastic/: watcher thread, joiner rendezvous. */
+int dcomm__elastic_start(struct dcomm_world *w);
+void dcomm__elastic_stop(struct dcomm_world *w);
+int dcomm__elastic_join(struct dcomm_world *w);
 
 /* A stable 64-bit id from a label and data (FNV-1a). */
 uint64_t dcomm__hash64(uint64_t seed, const void *data, size_t len);

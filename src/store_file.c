@@ -48,6 +48,7 @@
 #define REC_HDR 17
 #define POLL_MIN 0.001
 #define POLL_MAX 0.050
+#define LOCK_GRACE 1.0 /* seconds */
 
 /* ---- the replayed map: a chained hash table ---- */
 
@@ -174,9 +175,13 @@ static void sleep_s(double s) {
   nanosleep(&ts, NULL);
 }
 
-/* flock with a deadline (tried at least once), polling with backoff. */
+/* flock with a deadline, polling with backoff. Locks are held for a single
+ * replay or append, so a little grace past the deadline keeps a probe
+ * (timeout 0) or a short timeout from failing just because another rank
+ * was writing at that instant. */
 static int lock_file(struct file_store *fs, int op, double deadline) {
   double delay = POLL_MIN;
+  if (deadline < dcomm__now() + LOCK_GRACE) deadline = dcomm__now() + LOCK_GRACE;
   for (;;) {
     if (flock(fs->fd, op | LOCK_NB) == 0) return 0;
     if (errno == EINTR) continue;

@@ -12,6 +12,11 @@
  * writes the stop pipe (which wakes the listener and any socket wait that
  * uses it as abort descriptor). Then it joins every thread and frees all.
  *
+ * Bounds on time: a connection gets DCOMM_STORE_HS_TIMEOUT for its
+ * handshake; between requests it may stay idle indefinitely, but once a
+ * request's first byte has arrived the rest of the frame must follow within
+ * DCOMM_TIMEOUT seconds (at least 10), else the connection is dropped.
+ *
  * Descriptor ownership: a connection thread closes its own socket, under the
  * mutex, and sets fd to -1, so that stop never shuts down a descriptor
  * number that has been closed and reused.
@@ -206,8 +211,8 @@ static double frame_timeout(void) {
 static int send_error(struct conn *c, int status, int closing, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-/* Sends an error answer; returns status when the connection stays usable
- * (closing 0) and DCOMM_EPROTO-style "close me" otherwise. */
+/* Sends an error answer. Returns 0 when the connection stays usable
+ * (closing 0 and the answer went out), < 0 when it must be closed. */
 static int send_error(struct conn *c, int status, int closing, const char *fmt, ...) {
   unsigned char buf[4 + 1 + 2 + DCOMM_STORE_MAX_ERRMSG + 1], *p = buf;
   char msg[DCOMM_STORE_MAX_ERRMSG + 1];
@@ -238,7 +243,7 @@ static int send_ok(struct conn *c, const unsigned char *fixed, size_t flen, cons
   unsigned char head[4 + 16];
   double dl = dcomm__now() + frame_timeout();
   dcomm__store_put_u32(head, 0);
-  memcpy(head + 4, fixed, flen);
+  if (flen) memcpy(head + 4, fixed, flen);
   DCOMM_CHECK(dcomm__sock_send_all(c->fd, head, 4 + flen, dl, c->srv->stop_pipe[0]));
   if (plen) DCOMM_CHECK(dcomm__sock_send_all(c->fd, payload, plen, dl, c->srv->stop_pipe[0]));
   return 0;

@@ -1,0 +1,131 @@
+/*
+ * check_groups.c: sub-groups as users build them: overlapping new_group
+ * lists, a list in reverse order, split by color and key, nested splits,
+ * non-member handles, interleaved collectives on different groups, and the
+ * argument checks.
+ */
+#include "config.h"
+
+#include <check.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "dcomm.h"
+#include "harness.h"
+
+static int sum_world_ranks(dcomm_group_t g, int32_t *out) {
+  int32_t v = dcomm_rank();
+  int rc = dcomm_all_reduce(&v, 1, DCOMM_INT32, DCOMM_SUM, g);
+  *out = v;
+  return rc;
+}
+
+static int body_overlap(int rank, int n, void *arg) {
+  int a_list[] = {0, 1, 2}, b_list[] = {1, 2, 3}, rev[] = {3, 2, 1, 0};
+  dcomm_group_t a, b, r;
+  MP_OK(dcomm_new_group(a_list, 3, &a));
+  MP_OK(dcomm_new_group(b_list, 3, &b));
+  MP_OK(dcomm_new_group(rev, 4, &r));
+  int32_t s;
+  if (rank <= 2) {
+    MP_REQUIRE(dcomm_group_rank(a) == rank, "rank in a: %d", dcomm_group_rank(a));
+    MP_OK(sum_world_ranks(a, &s));
+    MP_REQUIRE(s == 3, "sum over a = %d", s);
+  } else {
+    MP_REQUIRE(dcomm_group_rank(a) == DCOMM_ENOTMEMBER, "non-member rank query");
+    MP_REQUIRE(sum_world_ranks(a, &s) == DCOMM_ENOTMEMBER, "non-member collective");
+    MP_REQUIRE(dcomm_group_size(a) == 3, "non-member size query");
+  }
+  if (rank >= 1) {
+    MP_OK(sum_world_ranks(b, &s));
+    MP_REQUIRE(s == 6, "sum over b = %d", s);
+    MP_REQUIRE(dcomm_group_world_rank(b, 0) == 1, "world rank of b's rank 0");
+  }
+  /* reversed list: world rank 3 is group rank 0 and the broadcast root */
+  MP_REQUIRE(dcomm_group_rank(r) == 3 - rank, "rank in reversed group %d", dcomm_group_rank(r));
+  int32_t v = rank == 3 ? 4242 : -1;
+  MP_OK(dcomm_broadcast(&v, 1, DCOMM_INT32, 0, r));
+  MP_REQUIRE(v == 4242, "broadcast from group rank 0 gave %d", v);
+  /* interleave the groups with the world */
+  for (int it = 0; it < 30; it++) {
+    if (rank <= 2) MP_OK(sum_world_ranks(a, &s));
+    MP_OK(sum_world_ranks(NULL, &s));
+    MP_REQUIRE(s == 6, "world sum %d", s);
+    if (rank >= 1) MP_OK(sum_world_ranks(b, &s));
+  }
+  MP_OK(dcomm_group_free(a));
+  MP_REQUIRE(dcomm_group_rank(a) == DCOMM_EINVAL, "freed handle must be refused");
+  MP_OK(dcomm_group_free(b));
+  MP_OK(dcomm_group_free(r));
+  return 0;
+}
+
+START_TEST(test_overlap) { ck_assert_int_eq(mp_run(4, body_overlap, NULL, 60), 0); }
+END_TEST
+
+static int body_split(int rank, int n, void *arg) {
+  dcomm_group_t half, quarter, none;
+  /* colors by parity, keys reversed: the highest world rank comes first */
+  MP_OK(dcomm_group_split(NULL, rank % 2, -rank, &half));
+  int members = (n + 1 - rank % 2) / 2;
+  MP_REQUIRE(dcomm_group_size(half) == members, "half size %d", dcomm_group_size(half));
+  int expect_rank = 0;
+  for (int r = rank + 2; r < n; r += 2) expect_rank++;
+  MP_REQUIRE(dcomm_group_rank(half) == expect_rank, "half rank %d, want %d", dcomm_group_rank(half), expect_rank);
+  int32_t s, want = 0;
+  for (int r = rank % 2; r < n; r += 2) want += r;
+  MP_OK(sum_world_ranks(half, &s));
+  MP_REQUIRE(s == want, "half sum %d want %d", s, want);
+  /* nested split of the split */
+  MP_OK(dcomm_group_split(half, dcomm_group_rank(half) / 2, 0, &quarter));
+  MP_REQUIRE(dcomm_group_size(quarter) >= 1 && dcomm_group_size(quarter) <= 2, "quarter size");
+  int32_t q = 1;
+  MP_OK(dcomm_all_reduce(&q, 1, DCOMM_INT32, DCOMM_SUM, quarter));
+  MP_REQUIRE(q == dcomm_group_size(quarter), "quarter count %d", q);
+  /* color -1: a non-member handle */
+  MP_OK(dcomm_group_split(NULL, rank == 0 ? -1 : 5, 0, &none));
+  if (rank == 0) {
+    MP_REQUIRE(dcomm_group_rank(none) == DCOMM_ENOTMEMBER, "color -1 must not be a member");
+  } else {
+    MP_OK(sum_world_ranks(none, &s));
+    MP_REQUIRE(s == n * (n - 1) / 2, "split without rank 0: %d", s);
+  }
+  MP_OK(dcomm_group_free(quarter));
+  MP_OK(dcomm_group_free(half));
+  MP_OK(dcomm_group_free(none));
+  return 0;
+}
+
+START_TEST(test_split) { ck_assert_int_eq(mp_run(5, body_split, NULL, 60), 0); }
+END_TEST
+
+static int body_badgroups(int rank, int n, void *arg) {
+  dcomm_group_t g;
+  int dup[] = {0, 0}, out[] = {0, 7};
+  MP_REQUIRE(dcomm_new_group(dup, 2, &g) == DCOMM_EINVAL, "duplicate ranks");
+  MP_REQUIRE(strstr(dcomm_last_error(), "twice") != NULL, "message: %s", dcomm_last_error());
+  MP_REQUIRE(dcomm_new_group(out, 2, &g) == DCOMM_EINVAL, "rank out of range");
+  MP_REQUIRE(dcomm_new_group(out, 0, &g) == DCOMM_EINVAL, "empty group");
+  MP_REQUIRE(dcomm_group_free(NULL) == DCOMM_EINVAL, "world cannot be freed");
+  MP_REQUIRE(dcomm_group_set_timeout(NULL, -1) == DCOMM_EINVAL, "negative timeout");
+  MP_OK(dcomm_barrier(NULL));
+  return 0;
+}
+
+START_TEST(test_badgroups) { ck_assert_int_eq(mp_run(2, body_badgroups, NULL, 60), 0); }
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("groups");
+  TCase *tc = tcase_create("groups");
+  tcase_set_timeout(tc, 90);
+  tcase_add_test(tc, test_overlap);
+  tcase_add_test(tc, test_split);
+  tcase_add_test(tc, test_badgroups);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

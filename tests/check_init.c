@@ -1,0 +1,229 @@
+/*
+ * check_init.c: the init methods as torchrun users and scripts use them:
+ * env:// with torchrun's variables, tcp:// and file:// URLs, clear
+ * DCOMM_EINVAL errors naming the missing or contradictory variable, the
+ * handshake refusing another job or a wrong token with DCOMM_EAUTH, and
+ * init / finalize life cycle rules.
+ */
+#include "config.h"
+
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dcomm.h"
+#include "harness.h"
+
+static void clear_env(void) {
+  const char *vars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                        "DCOMM_INIT_METHOD", "DCOMM_AUTH_TOKEN", "DCOMM_JOB_ID", "DCOMM_TIMEOUT"};
+  for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) unsetenv(vars[i]);
+}
+
+static int port_for_env;
+
+static int body_env(int rank, int n, void *arg) {
+  char v[32];
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  snprintf(v, sizeof(v), "%d", port_for_env);
+  setenv("MASTER_PORT", v, 1);
+  snprintf(v, sizeof(v), "%d", rank);
+  setenv("RANK", v, 1);
+  snprintf(v, sizeof(v), "%d", n);
+  setenv("WORLD_SIZE", v, 1);
+  setenv("LOCAL_WORLD_SIZE", "2", 1);
+  MP_OK(dcomm_init(NULL, NULL));
+  MP_REQUIRE(dcomm_rank() == rank && dcomm_world_size() == n, "rank %d size %d", dcomm_rank(), dcomm_world_size());
+  MP_REQUIRE(dcomm_local_rank() == rank % 2 && dcomm_local_world_size() == 2, "local rank %d", dcomm_local_rank());
+  MP_REQUIRE(strcmp(dcomm_backend_name(), "tcp") == 0, "backend %s", dcomm_backend_name());
+  int32_t x = 1;
+  MP_OK(dcomm_all_reduce(&x, 1, DCOMM_INT32, DCOMM_SUM, NULL));
+  MP_REQUIRE(x == n, "sum %d", x);
+  MP_REQUIRE(dcomm_init(NULL, NULL) == DCOMM_EINVAL, "a second init must be refused");
+  MP_OK(dcomm_finalize());
+  MP_REQUIRE(dcomm_rank() == DCOMM_ENOTINIT, "rank after finalize");
+  return 0;
+}
+
+START_TEST(test_env) {
+  struct mp_result res;
+  clear_env();
+  port_for_env = mp_free_port();
+  ck_assert_int_eq(mp_run_ex(4, body_env, NULL, 60, 1, &res), 0);
+}
+END_TEST
+
+/* Each entry: environment to set, init URL, the word the error must name. */
+struct bad_case {
+  const char *env[6];
+  const char *url;
+  const char *word;
+};
+
+static const struct bad_case bad_cases[] = {
+    {{"MASTER_PORT=29500", "RANK=0", "WORLD_SIZE=1"}, "env://", "MASTER_ADDR"},
+    {{"MASTER_ADDR=127.0.0.1", "RANK=0", "WORLD_SIZE=1"}, "env://", "MASTER_PORT"},
+    {{"MASTER_ADDR=127.0.0.1", "MASTER_PORT=29500", "WORLD_SIZE=2"}, "env://", "RANK"},
+    {{"MASTER_ADDR=127.0.0.1", "MASTER_PORT=29500", "RANK=0"}, "env://", "WORLD_SIZE"},
+    {{"MASTER_ADDR=127.0.0.1", "MASTER_PORT=29500", "RANK=2", "WORLD_SIZE=2"}, "env://", "rank 2"},
+    {{"MASTER_ADDR=127.0.0.1", "MASTER_PORT=99999", "RANK=0", "WORLD_SIZE=2"}, "env://", "MASTER_PORT"},
+    {{"MASTER_ADDR=127.0.0.1", "MASTER_PORT=29500", "RANK=x", "WORLD_SIZE=2"}, "env://", "RANK"},
+    {{"MASTER_ADDR=127.0.0.1", "MASTER_PORT=29500", "RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=3", "LOCAL_WORLD_SIZE=2"},
+     "env://", "LOCAL_RANK"},
+    {{"MASTER_ADDR=127.0.0.1", "MASTER_PORT=29500", "RANK=0", "WORLD_SIZE=2", "LOCAL_WORLD_SIZE=3"}, "env://",
+     "LOCAL_WORLD_SIZE"},
+    {{NULL}, "tcp://127.0.0.1?rank=0&world_size=1", "port"},
+    {{NULL}, "tcp://127.0.0.1:29500?world_size=1", "rank"},
+    {{NULL}, "tcp://127.0.0.1:29500?rank=0", "world_size"},
+    {{NULL}, "tcp://127.0.0.1:29500?rank=0&world_size=zero", "world_size"},
+    {{NULL}, "file://relative?rank=0&world_size=1", "file://"},
+    {{NULL}, "udp://127.0.0.1:1", "unknown init method"},
+    {{NULL}, NULL, "no init method"},
+    {{"DCOMM_TIMEOUT=abc"}, "tcp://127.0.0.1:29500?rank=0&world_size=1", "DCOMM_TIMEOUT"},
+};
+
+START_TEST(test_bad_input) {
+  const struct bad_case *bc = &bad_cases[_i];
+  clear_env();
+  for (int k = 0; k < 6 && bc->env[k]; k++) putenv((char *)bc->env[k]);
+  int rc = dcomm_init("tcp", bc->url);
+  ck_assert_msg(rc == DCOMM_EINVAL, "case %d (%s): got %s", _i, bc->url ? bc->url : "(null)", dcomm_error_name(rc));
+  ck_assert_msg(strstr(dcomm_last_error(), bc->word) != NULL, "case %d: message '%s' does not name '%s'", _i,
+                dcomm_last_error(), bc->word);
+  ck_assert_int_eq(dcomm_initialized(), 0);
+}
+END_TEST
+
+static char file_path[256];
+
+static int body_file(int rank, int n, void *arg) {
+  char url[400];
+  snprintf(url, sizeof(url), "file://%s?rank=%d&world_size=%d", file_path, rank, n);
+  MP_OK(dcomm_init("tcp", url));
+  double x = rank + 0.5;
+  MP_OK(dcomm_all_reduce(&x, 1, DCOMM_FLOAT64, DCOMM_MAX, NULL));
+  MP_REQUIRE(x == n - 0.5, "max %g", x);
+  MP_OK(dcomm_finalize());
+  return 0;
+}
+
+START_TEST(test_file) {
+  struct mp_result res;
+  clear_env();
+  snprintf(file_path, sizeof(file_path), "/tmp/dcomm-file-store-%d", (int)getpid());
+  unlink(file_path);
+  ck_assert_int_eq(mp_run_ex(3, body_file, NULL, 60, 1, &res), 0);
+  ck_assert_msg(access(file_path, F_OK) != 0, "the last rank to finalize removes the shared file");
+}
+END_TEST
+
+/* Rank 1 presents another token (or job): it is refused with DCOMM_EAUTH. */
+static int body_auth(int rank, int n, void *arg) {
+  const char *var = arg;
+  setenv(var, rank == 1 ? "intruder" : "the-real-one", 1);
+  setenv("DCOMM_TIMEOUT", "3", 1);
+  setenv("DCOMM_CONNECT_TIMEOUT", "3", 1);
+  int rc = dcomm_init("tcp", getenv("DCOMM_TEST_URL"));
+  if (rank == 1) {
+    MP_REQUIRE(rc == DCOMM_EAUTH, "intruder got %s", dcomm_error_name(rc));
+    return 0;
+  }
+  /* rank 0 waits for a peer that never gets in: a clear timeout */
+  MP_REQUIRE(rc == DCOMM_ETIMEDOUT, "rank 0 got %s (%s)", dcomm_error_name(rc), dcomm_last_error());
+  return 0;
+}
+
+START_TEST(test_auth_token) {
+  struct mp_result res;
+  clear_env();
+  ck_assert_int_eq(mp_run_ex(2, body_auth, "DCOMM_AUTH_TOKEN", 60, 1, &res), 0);
+}
+END_TEST
+
+START_TEST(test_auth_job) {
+  struct mp_result res;
+  clear_env();
+  ck_assert_int_eq(mp_run_ex(2, body_auth, "DCOMM_JOB_ID", 60, 1, &res), 0);
+}
+END_TEST
+
+/* The same token on every rank: init works and finalize / init again. */
+static int body_reinit(int rank, int n, void *arg) {
+  setenv("DCOMM_AUTH_TOKEN", "s3cret", 1);
+  MP_OK(dcomm_init("tcp", getenv("DCOMM_TEST_URL")));
+  MP_OK(dcomm_barrier(NULL));
+  MP_OK(dcomm_finalize());
+  MP_REQUIRE(dcomm_finalize() == DCOMM_ENOTINIT, "double finalize");
+  return 0;
+}
+
+START_TEST(test_token_ok) {
+  struct mp_result res;
+  clear_env();
+  ck_assert_int_eq(mp_run_ex(3, body_reinit, NULL, 60, 1, &res), 0);
+}
+END_TEST
+
+START_TEST(test_unknown_backend) {
+  clear_env();
+  int rc = dcomm_init("nosuch", "tcp://127.0.0.1:1?rank=0&world_size=1");
+  ck_assert_int_eq(rc, DCOMM_ENOTSUP);
+  ck_assert_ptr_nonnull(strstr(dcomm_last_error(), "nosuch"));
+  rc = dcomm_init("../evil", "tcp://127.0.0.1:1?rank=0&world_size=1");
+  ck_assert_int_eq(rc, DCOMM_EINVAL);
+}
+END_TEST
+
+START_TEST(test_nccl_without_gpu) {
+  clear_env();
+  int port = mp_free_port();
+  char url[128];
+  snprintf(url, sizeof(url), "tcp://127.0.0.1:%d?rank=0&world_size=1", port);
+  int rc = dcomm_init("nccl", url);
+  ck_assert_int_ne(rc, 0);
+  const char *msg = dcomm_last_error();
+  /* Either the module is not built, or it names the missing device. */
+  ck_assert_msg(strstr(msg, "CUDA") || strstr(msg, "not built"), "unclear nccl error: %s", msg);
+  fprintf(stderr, "nccl here: %s: %s\n", dcomm_error_name(rc), msg);
+}
+END_TEST
+
+START_TEST(test_singleton_tcp) {
+  clear_env();
+  char url[128];
+  snprintf(url, sizeof(url), "tcp://127.0.0.1:%d?rank=0&world_size=1", mp_free_port());
+  ck_assert_int_eq(dcomm_init(NULL, url), 0);
+  ck_assert_int_eq(dcomm_world_size(), 1);
+  float x[3] = {1, 2, 3};
+  ck_assert_int_eq(dcomm_all_reduce(x, 3, DCOMM_FLOAT32, DCOMM_AVG, NULL), 0);
+  ck_assert(x[2] == 3.0f);
+  ck_assert_int_eq(dcomm_finalize(), 0);
+  /* and again, on a new port */
+  snprintf(url, sizeof(url), "tcp://127.0.0.1:%d?rank=0&world_size=1", mp_free_port());
+  ck_assert_int_eq(dcomm_init(NULL, url), 0);
+  ck_assert_int_eq(dcomm_finalize(), 0);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("init");
+  TCase *tc = tcase_create("init");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_env);
+  tcase_add_loop_test(tc, test_bad_input, 0, (int)(sizeof(bad_cases) / sizeof(bad_cases[0])));
+  tcase_add_test(tc, test_file);
+  tcase_add_test(tc, test_auth_token);
+  tcase_add_test(tc, test_auth_job);
+  tcase_add_test(tc, test_token_ok);
+  tcase_add_test(tc, test_unknown_backend);
+  tcase_add_test(tc, test_nccl_without_gpu);
+  tcase_add_test(tc, test_singleton_tcp);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

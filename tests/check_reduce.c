@@ -18,6 +18,13 @@
 #include "dcomm.h"
 #include "reduce.h"
 
+/*
+ * Test hook in reduce.c (not in reduce.h): 0 forces the portable float16
+ * conversion loops where the F16C ones would be used. Returns whether the
+ * hardware path is in use.
+ */
+int dcomm__reduce_hw_convert(int enable);
+
 /* Deterministic xorshift64* generator, so that a failure can be replayed. */
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
@@ -92,8 +99,8 @@ static uint16_t ref_float_to_bf16(float f) {
  * which costs a system call, so the hot loops below test with a plain `if`
  * and only call into Check on failure.
  */
-#define REQUIRE(cond, ...)                 \
-  do {                                     \
+#define REQUIRE(cond, ...)                  \
+  do {                                      \
     if (!(cond)) ck_abort_msg(__VA_ARGS__); \
   } while (0)
 
@@ -279,12 +286,12 @@ static uint64_t ref_iop_bits(uint64_t x, uint64_t y, int64_t sx, int64_t sy, int
  */
 static void ref_elem(void *out, const void *xa, const void *ya, size_t i, dcomm_dtype_t dt, dcomm_op_t op) {
   switch (dt) {
-#define IREF(DT, T, U, SIGNED)                                                                 \
-  case DT: {                                                                                   \
-    T x = ((const T *)xa)[i], y = ((const T *)ya)[i];                                          \
-    uint64_t r = ref_iop_bits((uint64_t)x, (uint64_t)y, (int64_t)x, (int64_t)y, SIGNED, op);    \
-    *(T *)out = (T)(U)r;                                                                       \
-    break;                                                                                     \
+#define IREF(DT, T, U, SIGNED)                                                               \
+  case DT: {                                                                                 \
+    T x = ((const T *)xa)[i], y = ((const T *)ya)[i];                                        \
+    uint64_t r = ref_iop_bits((uint64_t)x, (uint64_t)y, (int64_t)x, (int64_t)y, SIGNED, op); \
+    *(T *)out = (T)(U)r;                                                                     \
+    break;                                                                                   \
   }
     IREF(DCOMM_INT8, int8_t, uint8_t, 1)
     IREF(DCOMM_UINT8, uint8_t, uint8_t, 0)
@@ -482,18 +489,77 @@ static void run_case(dcomm_dtype_t dt, dcomm_op_t op, size_t n) {
 
 static const size_t small_counts[] = {1, 2, 3, 7, 8, 15, 16, 17, 31, 63, 64, 65, 255, 256, 257, 511, 513, 4099};
 
-/* Loop index i: dtype i / DCOMM_OP_COUNT, op i % DCOMM_OP_COUNT. */
+/*
+ * Loop index i: dtype i / DCOMM_OP_COUNT, op i % DCOMM_OP_COUNT. float16
+ * runs twice, through the hardware conversions (where the CPU has them) and
+ * through the portable ones.
+ */
 START_TEST(test_reduce_random) {
   dcomm_dtype_t dt = (dcomm_dtype_t)(_i / DCOMM_OP_COUNT);
   dcomm_op_t op = (dcomm_op_t)(_i % DCOMM_OP_COUNT);
   rng_state += (uint64_t)_i * 0x100000001b3ull;
-  for (size_t k = 0; k < sizeof(small_counts) / sizeof(small_counts[0]); k++) run_case(dt, op, small_counts[k]);
+  for (int hw = dt == DCOMM_FLOAT16 ? 0 : 1; hw < 2; hw++) {
+    dcomm__reduce_hw_convert(hw);
+    for (size_t k = 0; k < sizeof(small_counts) / sizeof(small_counts[0]); k++) run_case(dt, op, small_counts[k]);
+  }
+}
+END_TEST
+
+/*
+ * Every float16 / bfloat16 pattern through the block path: x + -0 and x * 1
+ * are exact, so each finite value must come back unchanged and NaN must stay
+ * NaN. Loop index: 0 float16 portable, 1 float16 hardware, 2 bfloat16.
+ */
+START_TEST(test_half_block_identity) {
+  dcomm_dtype_t dt = _i == 2 ? DCOMM_BFLOAT16 : DCOMM_FLOAT16;
+  dcomm__reduce_hw_convert(_i == 1);
+  int (*is_nan)(uint16_t) = dt == DCOMM_FLOAT16 ? half_is_nan : bf16_is_nan;
+  static uint16_t x[65536], d[65536], negzero[65536], one[65536];
+  for (uint32_t i = 0; i < 65536; i++) {
+    x[i] = (uint16_t)i;
+    negzero[i] = 0x8000;
+    one[i] = dt == DCOMM_FLOAT16 ? 0x3c00 : 0x3f80;
+  }
+  for (int pass = 0; pass < 2; pass++) {
+    dcomm__reduce3(d, x, pass ? one : negzero, 65536, dt, pass ? DCOMM_PROD : DCOMM_SUM);
+    for (uint32_t i = 0; i < 65536; i++) {
+      if (is_nan(x[i])) REQUIRE(is_nan(d[i]), "%s NaN 0x%04x became 0x%04x", dcomm__dtype_name(dt), x[i], d[i]);
+      else REQUIRE(d[i] == x[i], "%s 0x%04x %s gave 0x%04x", dcomm__dtype_name(dt), x[i], pass ? "* 1" : "+ -0", d[i]);
+    }
+  }
+}
+END_TEST
+
+/*
+ * Division of every pattern rounds in the block path exactly as the scalar
+ * conversions do (ties, subnormal results, NaN). Same loop index as above.
+ */
+START_TEST(test_half_block_scale_all) {
+  dcomm_dtype_t dt = _i == 2 ? DCOMM_BFLOAT16 : DCOMM_FLOAT16;
+  dcomm__reduce_hw_convert(_i == 1);
+  static uint16_t x[65536];
+  static const int divisors[] = {3, 7, 10, 1024};
+  for (size_t k = 0; k < sizeof(divisors) / sizeof(divisors[0]); k++) {
+    int n = divisors[k];
+    for (uint32_t i = 0; i < 65536; i++) x[i] = (uint16_t)i;
+    dcomm__scale_div(x, 65536, dt, n);
+    for (uint32_t i = 0; i < 65536; i++) {
+      if (dt == DCOMM_FLOAT16)
+        check_half(x[i], dcomm__float_to_half(dcomm__half_to_float((uint16_t)i) / (float)n), "scale_div(float16)", i);
+      else
+        check_bf16(x[i], dcomm__float_to_bf16(dcomm__bf16_to_float((uint16_t)i) / (float)n), "scale_div(bfloat16)", i);
+    }
+  }
 }
 END_TEST
 
 /* A count far past every block size, odd, so that the tails run too. */
 START_TEST(test_reduce_large_odd) {
   dcomm_dtype_t dt = (dcomm_dtype_t)_i;
+  if (dt == DCOMM_DTYPE_COUNT) { /* one extra round: float16 through the portable conversions */
+    dt = DCOMM_FLOAT16;
+    dcomm__reduce_hw_convert(0);
+  }
   size_t n = 1000003, bytes = n * dcomm_dtype_size(dt);
   void *a = alloc_guarded(n, dt), *b = malloc(bytes), *d = alloc_guarded(n, dt);
   ck_assert_ptr_nonnull(b);
@@ -659,9 +725,12 @@ START_TEST(test_scale_div_int) {
   for (int i = 0; i < 1001; i++) big[i] = (int32_t)(i * 7919) - 3000000;
   dcomm__scale_div(big, 1001, DCOMM_INT32, 7);
   for (int i = 0; i < 1001; i++) REQUIRE(big[i] == ((int32_t)(i * 7919) - 3000000) / 7, "int32 /7 wrong at %d", i);
-  /* n == 1 changes nothing. */
+  /* n == 1 changes nothing; n < 1 means nothing and is ignored (no division by zero). */
   int32_t one[] = {-5};
   dcomm__scale_div(one, 1, DCOMM_INT32, 1);
+  ck_assert_int_eq(one[0], -5);
+  dcomm__scale_div(one, 1, DCOMM_INT32, 0);
+  dcomm__scale_div(one, 1, DCOMM_INT32, -2);
   ck_assert_int_eq(one[0], -5);
 }
 END_TEST
@@ -749,7 +818,9 @@ static Suite *reduce_suite(void) {
   tc = tcase_create("kernels");
   tcase_set_timeout(tc, 60);
   tcase_add_loop_test(tc, test_reduce_random, 0, DCOMM_DTYPE_COUNT * DCOMM_OP_COUNT);
-  tcase_add_loop_test(tc, test_reduce_large_odd, 0, DCOMM_DTYPE_COUNT);
+  tcase_add_loop_test(tc, test_reduce_large_odd, 0, DCOMM_DTYPE_COUNT + 1);
+  tcase_add_loop_test(tc, test_half_block_identity, 0, 3);
+  tcase_add_loop_test(tc, test_half_block_scale_all, 0, 3);
   tcase_add_test(tc, test_int_wrap);
   tcase_add_test(tc, test_float_nan_max_min);
   tcase_add_test(tc, test_half_sum_rounding);

@@ -74,7 +74,7 @@ struct dnccl_ctx {
   int can_revoke;       /* ncclCommRevoke usable (>= 2.28.7, built and loaded) */
   int group_abort;      /* ncclCommAbort may be grouped (>= 2.22) */
   double finalize_timeout; /* bound on ncclCommFinalize (DCOMM_TIMEOUT) */
-  char devname[128];
+  char devname[256];
   char busid[32];
 };
 

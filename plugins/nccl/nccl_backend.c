@@ -1,0 +1,600 @@
+/*
+ * nccl_backend.c: the nccl backend's ops table (the module's one exported
+ * symbol, dcomm_backend_v1) and its life cycle: per-process init (CUDA
+ * device, NCCL version and capabilities), describe, communicator creation
+ * (rank 0's ncclUniqueId through the store, non-blocking init bounded by
+ * the deadline), destruction (finalize + destroy when healthy, abort
+ * otherwise), async error queries, and the process-wide abort that aborts
+ * every live NCCL communicator of the process together.
+ *
+ * Without a GPU every path fails with a message naming what is missing;
+ * nothing pretends to succeed.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* dladdr, RTLD_NODELETE */
+#endif
+
+#include "nccl.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dcomm.h"
+
+/* Referenced weakly so that the module still loads against an older
+ * libnccl; init checks both the version and the symbol. */
+#if DNCCL_BUILD_SHRINK
+#pragma weak ncclCommShrink
+#endif
+#if DNCCL_BUILD_REVOKE
+#pragma weak ncclCommRevoke
+#endif
+
+extern const struct dcomm_backend_v1 dcomm_backend_v1 __attribute__((visibility("default")));
+
+/* Every communicator between comm_create and comm_destroy, for the
+ * process-wide abort. */
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct dnccl_comm *live_head;
+
+/* ---- small helpers ---- */
+
+void dnccl_sleep_us(long us) {
+  struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+  while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {
+  }
+}
+
+static void version_text(int v, char *buf, size_t len) {
+  int major, minor, patch;
+  if (v >= 10000) { /* 2.9 and later: X*10000 + Y*100 + Z */
+    major = v / 10000, minor = v % 10000 / 100, patch = v % 100;
+  } else {
+    major = v / 1000, minor = v % 1000 / 100, patch = v % 100;
+  }
+  snprintf(buf, len, "%d.%d.%d", major, minor, patch);
+}
+
+static void cuda_text(cudaError_t e, char *buf, size_t len) {
+  snprintf(buf, len, "%s [%s, %d]", cudaGetErrorString(e), cudaGetErrorName(e), (int)e);
+}
+
+const char *dnccl_coll_name(enum dcomm_coll c) {
+  static const char *const names[DCOMM_COLL_COUNT] = {
+      [DCOMM_COLL_NONE] = "none",           [DCOMM_COLL_ALL_REDUCE] = "all_reduce",
+      [DCOMM_COLL_REDUCE] = "reduce",       [DCOMM_COLL_BROADCAST] = "broadcast",
+      [DCOMM_COLL_ALL_GATHER] = "all_gather", [DCOMM_COLL_GATHER] = "gather",
+      [DCOMM_COLL_SCATTER] = "scatter",     [DCOMM_COLL_REDUCE_SCATTER] = "reduce_scatter",
+      [DCOMM_COLL_ALL_TO_ALL] = "all_to_all", [DCOMM_COLL_BARRIER] = "barrier",
+      [DCOMM_COLL_SEND] = "send",           [DCOMM_COLL_RECV] = "recv"};
+  return (unsigned)c < DCOMM_COLL_COUNT ? names[c] : "unknown op";
+}
+
+/* The module does not link libdcomm, so it names the codes itself. */
+const char *dnccl_err_name(int code) {
+  switch (code) {
+  case DCOMM_SUCCESS: return "DCOMM_SUCCESS";
+  case DCOMM_EINVAL: return "DCOMM_EINVAL";
+  case DCOMM_ETIMEDOUT: return "DCOMM_ETIMEDOUT";
+  case DCOMM_EPEERLOST: return "DCOMM_EPEERLOST";
+  case DCOMM_EREVOKED: return "DCOMM_EREVOKED";
+  case DCOMM_ENOTSUP: return "DCOMM_ENOTSUP";
+  case DCOMM_EBACKEND: return "DCOMM_EBACKEND";
+  case DCOMM_ESYSTEM: return "DCOMM_ESYSTEM";
+  case DCOMM_ENOMEM: return "DCOMM_ENOMEM";
+  default: return "DCOMM error";
+  }
+}
+
+int dnccl_map_result(ncclResult_t r) {
+  switch (r) {
+  case ncclSuccess:
+  case ncclInProgress: return 0;
+  case ncclRemoteError: return DCOMM_EPEERLOST;
+  default: return DCOMM_EBACKEND;
+  }
+}
+
+void dnccl_result_text(ncclComm_t nc, ncclResult_t r, char *buf, size_t len) {
+  const char *last = ncclGetLastError(nc);
+  snprintf(buf, len, "%s (%s)", ncclGetErrorString(r), last && *last ? last : "ncclGetLastError: no detail");
+}
+
+void dnccl_mark_failed(struct dnccl_comm *c, int err, const char *why) {
+  if (c->failed || c->aborted) return;
+  c->failed = err;
+  snprintf(c->why, sizeof(c->why), "%s", why);
+}
+
+int dnccl_state_error(struct dnccl_comm *c, const char *what) {
+  const struct dcomm_host *h = c->ctx->host;
+  if (c->aborted)
+    return h->err(c->aborted, "nccl backend: %s failed: the NCCL communicator was aborted (%s)", what, c->why);
+  if (c->failed)
+    return h->err(c->failed, "nccl backend: %s failed: the NCCL communicator is broken (%s)", what, c->why);
+  if (!c->nc)
+    return h->err(DCOMM_EBACKEND, "nccl backend: %s on %s: no NCCL communicator", what, c->label);
+  return 0;
+}
+
+int dnccl_poll_ready(struct dnccl_comm *c, double deadline, const char *what) {
+  const struct dcomm_host *h = c->ctx->host;
+  long us = 20;
+  for (;;) {
+    pthread_mutex_lock(&c->mu);
+    int rc = dnccl_state_error(c, what);
+    if (rc < 0) {
+      pthread_mutex_unlock(&c->mu);
+      return rc;
+    }
+    ncclResult_t st = ncclInProgress;
+    ncclResult_t q = ncclCommGetAsyncError(c->nc, &st);
+    if (q != ncclSuccess) st = q;
+    if (st == ncclSuccess) {
+      pthread_mutex_unlock(&c->mu);
+      return 0;
+    }
+    if (st != ncclInProgress) {
+      char text[512], why[DNCCL_WHY_LEN];
+      dnccl_result_text(c->nc, st, text, sizeof(text));
+      snprintf(why, sizeof(why), "NCCL error during %s: %s", what, text);
+      int err = dnccl_map_result(st);
+      dnccl_mark_failed(c, err, why);
+      pthread_mutex_unlock(&c->mu);
+      return h->err(err, "nccl backend: %s failed: %s", what, why);
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (deadline > 0 && h->now() >= deadline)
+      return h->err(DCOMM_ETIMEDOUT, "nccl backend: %s did not complete before its deadline", what);
+    dnccl_sleep_us(us);
+    if (us < 1000) us *= 2;
+  }
+}
+
+/* ---- the process-wide abort ---- */
+
+int dnccl_abort_all(int reason, const char *why) {
+  if (reason >= 0) reason = DCOMM_EREVOKED;
+  pthread_mutex_lock(&live_mu);
+  int n = 0;
+  for (struct dnccl_comm *c = live_head; c; c = c->next) n++;
+  ncclComm_t *ncs = n ? calloc((size_t)n, sizeof(*ncs)) : NULL;
+  struct dnccl_ctx *ctx = NULL;
+  int k = 0, single = 0;
+  ncclResult_t first = ncclSuccess;
+  /* Mark first, so every pending op returns promptly; abort after. */
+  for (struct dnccl_comm *c = live_head; c; c = c->next) {
+    pthread_mutex_lock(&c->mu);
+    if (!c->aborted) {
+      c->aborted = reason;
+      snprintf(c->why, sizeof(c->why), "%s", why);
+    }
+    if (c->nc) {
+      if (ncs) {
+        ncs[k++] = c->nc;
+      } else { /* out of memory: abort one by one */
+        ncclResult_t r = ncclCommAbort(c->nc);
+        if (r != ncclSuccess && first == ncclSuccess) first = r;
+        single++;
+      }
+      c->nc = NULL;
+    }
+    ctx = c->ctx;
+    pthread_mutex_unlock(&c->mu);
+  }
+  const struct dcomm_host *h = ctx ? ctx->host : NULL;
+  double t0 = h ? h->now() : 0;
+  if (k > 0) {
+    int prev = -1;
+    if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
+    if (ctx) (void)cudaSetDevice(ctx->dev);
+    if (k > 1 && ctx && ctx->group_abort) {
+      ncclResult_t r = ncclGroupStart();
+      if (r != ncclSuccess) first = r;
+      for (int i = 0; i < k; i++) {
+        r = ncclCommAbort(ncs[i]);
+        if (r != ncclSuccess && r != ncclInProgress && first == ncclSuccess) first = r;
+      }
+      r = ncclGroupEnd();
+      if (r != ncclSuccess && r != ncclInProgress && first == ncclSuccess) first = r;
+    } else {
+      for (int i = 0; i < k; i++) {
+        ncclResult_t r = ncclCommAbort(ncs[i]);
+        if (r != ncclSuccess && r != ncclInProgress && first == ncclSuccess) first = r;
+      }
+    }
+    if (prev >= 0) (void)cudaSetDevice(prev);
+  }
+  if (h && (k + single) > 0)
+    DNCCL_LOG(h, WARN, "nccl backend: aborted %d NCCL communicator(s) of this process%s in %.3f s (%s): %s", k + single,
+              k > 1 && ctx->group_abort ? " together" : "", h->now() - t0, dnccl_err_name(reason), why);
+  pthread_mutex_unlock(&live_mu);
+  free(ncs);
+  if (first != ncclSuccess && h)
+    return h->err(DCOMM_EBACKEND, "nccl backend: ncclCommAbort failed: %s", ncclGetErrorString(first));
+  return 0;
+}
+
+static void live_add(struct dnccl_comm *c) {
+  pthread_mutex_lock(&live_mu);
+  c->next = live_head;
+  live_head = c;
+  c->listed = 1;
+  pthread_mutex_unlock(&live_mu);
+}
+
+static void live_remove(struct dnccl_comm *c) {
+  pthread_mutex_lock(&live_mu);
+  for (struct dnccl_comm **p = &live_head; *p; p = &(*p)->next)
+    if (*p == c) {
+      *p = c->next;
+      break;
+    }
+  c->listed = 0;
+  c->next = NULL;
+  pthread_mutex_unlock(&live_mu);
+}
+
+/* ---- module pinning ---- */
+
+/* libcudart and libnccl keep threads and exit handlers; unloading them
+ * (the loader dlcloses a backend after a failed init or at finalize) and
+ * loading them again is not safe, so the module pins itself once. */
+static void pin_once(void) {
+  Dl_info info;
+  if (dladdr((const void *)&dcomm_backend_v1, &info) && info.dli_fname)
+    (void)dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+}
+
+static void pin_module(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, pin_once);
+}
+
+/* ---- init / finalize / describe ---- */
+
+static int be_init(const struct dcomm_host *host, void **out) {
+  if (!out) return DCOMM_EINVAL;
+  *out = NULL;
+  if (!host || host->size < sizeof(struct dcomm_host)) return DCOMM_EINVAL;
+  pin_module();
+  int ver = 0;
+  char vs[32], ct[256];
+  ncclResult_t nr = ncclGetVersion(&ver);
+  if (nr != ncclSuccess) return host->err(DCOMM_EBACKEND, "nccl backend: ncclGetVersion failed: %s", ncclGetErrorString(nr));
+  version_text(ver, vs, sizeof(vs));
+  if (ver < NCCL_VERSION(2, 14, 0))
+    return host->err(DCOMM_ENOTSUP, "nccl backend: the loaded NCCL %s is older than 2.14 (no non-blocking communicators)",
+                     vs);
+  int ndev = 0;
+  cudaError_t ce = cudaGetDeviceCount(&ndev);
+  if (ce != cudaSuccess) {
+    (void)cudaGetLastError();
+    cuda_text(ce, ct, sizeof(ct));
+    return host->err(DCOMM_ENOTSUP, "nccl backend: no CUDA device (cudaGetDeviceCount: %s)", ct);
+  }
+  if (ndev <= 0) return host->err(DCOMM_ENOTSUP, "nccl backend: no CUDA device (cudaGetDeviceCount found none)");
+
+  struct dnccl_ctx *ctx = calloc(1, sizeof(*ctx));
+  if (!ctx) return host->err(DCOMM_ENOMEM, "nccl backend: out of memory");
+  ctx->host = host;
+  ctx->ndev = ndev;
+  ctx->version = ver;
+  ctx->dev = (host->local_rank > 0 ? host->local_rank : 0) % ndev;
+  if ((ce = cudaSetDevice(ctx->dev)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    cuda_text(ce, ct, sizeof(ct));
+    int dev = ctx->dev;
+    free(ctx);
+    return host->err(DCOMM_EBACKEND, "nccl backend: cudaSetDevice(%d) failed: %s", dev, ct);
+  }
+  struct cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, ctx->dev) == cudaSuccess) snprintf(ctx->devname, sizeof(ctx->devname), "%s", prop.name);
+  else snprintf(ctx->devname, sizeof(ctx->devname), "unknown device");
+  if (cudaDeviceGetPCIBusId(ctx->busid, (int)sizeof(ctx->busid), ctx->dev) != cudaSuccess)
+    snprintf(ctx->busid, sizeof(ctx->busid), "?");
+  (void)cudaGetLastError();
+#if DNCCL_BUILD_SHRINK
+  ctx->can_shrink = ver >= NCCL_VERSION(2, 27, 0) && ncclCommShrink != NULL;
+#endif
+#if DNCCL_BUILD_REVOKE
+  ctx->can_revoke = ver >= NCCL_VERSION(2, 28, 7) && ncclCommRevoke != NULL;
+#endif
+  ctx->group_abort = ver >= DNCCL_GROUP_ABORT_VERSION;
+  const char *t = host->param ? host->param("DCOMM_TIMEOUT") : NULL;
+  char *end = NULL;
+  ctx->finalize_timeout = t ? strtod(t, &end) : 0;
+  if (!t || end == t || !(ctx->finalize_timeout > 0)) ctx->finalize_timeout = 300;
+
+  if (host->local_size > ndev)
+    DNCCL_LOG(host, WARN,
+              "nccl backend: %d local ranks share %d CUDA device(s); two ranks of one communicator on one GPU fail "
+              "(NCCL: duplicate GPU)",
+              host->local_size, ndev);
+  const char *blk = getenv("NCCL_COMM_BLOCKING");
+  if (blk && atoi(blk) != 0)
+    DNCCL_LOG(host, WARN, "nccl backend: NCCL_COMM_BLOCKING=%s makes NCCL calls blocking: an abort cannot interrupt them",
+              blk);
+  DNCCL_LOG(host, INFO, "nccl backend: NCCL %s, CUDA device %d of %d (%s, %s), shrink %s, revoke %s, group abort %s", vs,
+            ctx->dev, ndev, ctx->devname, ctx->busid, ctx->can_shrink ? "yes" : "no", ctx->can_revoke ? "yes" : "no",
+            ctx->group_abort ? "yes" : "no");
+  *out = ctx;
+  return 0;
+}
+
+static int be_finalize(void *vctx) {
+  struct dnccl_ctx *ctx = vctx;
+  if (!ctx) return 0;
+  int left = 0;
+  pthread_mutex_lock(&live_mu);
+  for (struct dnccl_comm *c = live_head; c; c = c->next) left += c->ctx == ctx;
+  pthread_mutex_unlock(&live_mu);
+  if (left) {
+    /* The core destroys every communicator first; these were leaked. */
+    DNCCL_LOG(ctx->host, WARN, "nccl backend: finalize with %d live communicator(s): aborting them", left);
+    dnccl_abort_all(DCOMM_EREVOKED, "the nccl backend was finalized while the communicator was live");
+    pthread_mutex_lock(&live_mu);
+    for (struct dnccl_comm **p = &live_head; *p;) {
+      if ((*p)->ctx == ctx) {
+        (*p)->listed = 0;
+        *p = (*p)->next;
+      } else {
+        p = &(*p)->next;
+      }
+    }
+    pthread_mutex_unlock(&live_mu);
+  }
+  free(ctx);
+  return 0;
+}
+
+static int be_describe(void *vctx, char *buf, size_t len) {
+  struct dnccl_ctx *ctx = vctx;
+  if (!buf || !len) return DCOMM_EINVAL;
+  pin_module();
+  int ver = 0;
+  char vs[32] = "?";
+  if (ncclGetVersion(&ver) == ncclSuccess) version_text(ver, vs, sizeof(vs));
+  if (ctx) {
+    snprintf(buf, len, "nccl %s, %d CUDA device(s), using device %d (%s, %s); shrink %s, revoke %s", vs, ctx->ndev,
+             ctx->dev, ctx->devname, ctx->busid, ctx->can_shrink ? "yes" : "no", ctx->can_revoke ? "yes" : "no");
+    return 0;
+  }
+  int ndev = 0;
+  cudaError_t ce = cudaGetDeviceCount(&ndev);
+  if (ce != cudaSuccess) {
+    (void)cudaGetLastError();
+    snprintf(buf, len, "nccl %s, no CUDA device (%s)", vs, cudaGetErrorString(ce));
+  } else if (ndev <= 0) {
+    snprintf(buf, len, "nccl %s, no CUDA device (none found)", vs);
+  } else {
+    snprintf(buf, len, "nccl %s, %d CUDA device(s)", vs, ndev);
+  }
+  return 0;
+}
+
+/* ---- communicators ---- */
+
+/* Frees what comm_create built; c is not on the live list and has no NCCL
+ * handle any more. */
+static void comm_free(struct dnccl_comm *c) {
+  if (c->listed) live_remove(c);
+  (void)cudaSetDevice(c->dev);
+  if (c->barrier_buf) (void)cudaFree(c->barrier_buf);
+  if (c->stream) (void)cudaStreamDestroy(c->stream);
+  (void)cudaGetLastError();
+  pthread_mutex_destroy(&c->mu);
+  free(c);
+}
+
+/* Aborts c's own NCCL handle (c->mu not held). */
+static void comm_abort_one(struct dnccl_comm *c) {
+  pthread_mutex_lock(&c->mu);
+  if (c->nc) {
+    (void)ncclCommAbort(c->nc);
+    c->nc = NULL;
+  }
+  pthread_mutex_unlock(&c->mu);
+}
+
+static int get_uid(struct dnccl_ctx *ctx, const struct dcomm_comm_spec *spec, ncclUniqueId *uid) {
+  const struct dcomm_host *h = ctx->host;
+  char key[64];
+  snprintf(key, sizeof(key), "nccl/%016llx/uid", (unsigned long long)spec->comm_id);
+  if (spec->rank == 0) {
+    ncclResult_t nr = ncclGetUniqueId(uid);
+    if (nr != ncclSuccess) {
+      char text[512];
+      dnccl_result_text(NULL, nr, text, sizeof(text));
+      return h->err(dnccl_map_result(nr), "nccl backend: ncclGetUniqueId for %s failed: %s", spec->label, text);
+    }
+    if (spec->size == 1) return 0;
+    return h->store_set(h->store, key, uid, sizeof(*uid));
+  }
+  double left = spec->deadline - h->now();
+  void *val = NULL;
+  size_t len = 0;
+  int rc = h->store_get(h->store, key, left > 0 ? left : 0.001, &val, &len);
+  if (rc < 0) return rc;
+  if (len != sizeof(*uid)) {
+    free(val);
+    return h->err(DCOMM_EPROTO, "nccl backend: store key %s holds %zu bytes, not an ncclUniqueId (%zu)", key, len,
+                  sizeof(*uid));
+  }
+  memcpy(uid, val, sizeof(*uid));
+  free(val);
+  return 0;
+}
+
+static int be_comm_create(void *vctx, const struct dcomm_comm_spec *spec, void **out) {
+  struct dnccl_ctx *ctx = vctx;
+  const struct dcomm_host *h = ctx->host;
+  char ct[256];
+  *out = NULL;
+  if (spec->size < 1 || spec->rank < 0 || spec->rank >= spec->size)
+    return h->err(DCOMM_EINVAL, "nccl backend: rank %d is not in a communicator of size %d", spec->rank, spec->size);
+  double t0 = h->now();
+  cudaError_t ce = cudaSetDevice(ctx->dev);
+  if (ce != cudaSuccess) {
+    (void)cudaGetLastError();
+    cuda_text(ce, ct, sizeof(ct));
+    return h->err(DCOMM_EBACKEND, "nccl backend: cudaSetDevice(%d) failed: %s", ctx->dev, ct);
+  }
+  ncclUniqueId uid;
+  int rc = get_uid(ctx, spec, &uid);
+  if (rc < 0) return rc;
+
+  struct dnccl_comm *c = calloc(1, sizeof(*c));
+  if (!c) return h->err(DCOMM_ENOMEM, "nccl backend: out of memory");
+  c->ctx = ctx;
+  c->id = spec->comm_id;
+  c->rank = spec->rank;
+  c->size = spec->size;
+  c->dev = ctx->dev;
+  snprintf(c->label, sizeof(c->label), "%s", spec->label ? spec->label : "communicator");
+  pthread_mutex_init(&c->mu, NULL);
+  /* A blocking stream: ops of the public API (which carries no stream)
+   * are ordered after the caller's work on the legacy default stream. */
+  if ((ce = cudaStreamCreateWithFlags(&c->stream, cudaStreamDefault)) != cudaSuccess ||
+      (ce = cudaMalloc((void **)&c->barrier_buf, sizeof(int))) != cudaSuccess ||
+      (ce = cudaMemset(c->barrier_buf, 0, sizeof(int))) != cudaSuccess) {
+    (void)cudaGetLastError();
+    cuda_text(ce, ct, sizeof(ct));
+    comm_free(c);
+    return h->err(DCOMM_EBACKEND, "nccl backend: CUDA set-up of %s failed: %s", spec->label, ct);
+  }
+  live_add(c); /* from here a process-wide abort covers the init too */
+
+  pthread_mutex_lock(&c->mu);
+  if (c->aborted) { /* a process-wide abort came first */
+    rc = dnccl_state_error(c, "NCCL communicator init");
+    pthread_mutex_unlock(&c->mu);
+    comm_free(c);
+    return rc;
+  }
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  cfg.commName = c->label;
+  ncclResult_t nr = ncclCommInitRankConfig(&c->nc, spec->size, uid, spec->rank, &cfg);
+  if (nr != ncclSuccess && nr != ncclInProgress) {
+    char text[512];
+    dnccl_result_text(c->nc, nr, text, sizeof(text));
+    if (c->nc) (void)ncclCommAbort(c->nc);
+    c->nc = NULL;
+    pthread_mutex_unlock(&c->mu);
+    comm_free(c);
+    return h->err(dnccl_map_result(nr), "nccl backend: ncclCommInitRankConfig for %s (rank %d of %d) failed: %s",
+                  spec->label, spec->rank, spec->size, text);
+  }
+  pthread_mutex_unlock(&c->mu);
+
+  char what[96];
+  snprintf(what, sizeof(what), "NCCL communicator init (rank %d of %d)", c->rank, c->size);
+  rc = dnccl_poll_ready(c, spec->deadline, what);
+  if (rc < 0) {
+    /* Only this handle: an init has no kernels in flight to hang others. */
+    comm_abort_one(c);
+    comm_free(c);
+    return rc;
+  }
+  DNCCL_LOG(h, INFO, "nccl backend: %s ready: rank %d of %d on CUDA device %d, %.3f s", c->label, c->rank, c->size,
+            c->dev, h->now() - t0);
+  *out = c;
+  return 0;
+}
+
+static int be_comm_destroy(void *comm) {
+  struct dnccl_comm *c = comm;
+  if (!c) return 0;
+  const struct dcomm_host *h = c->ctx->host;
+  int rc = 0;
+  pthread_mutex_lock(&c->mu);
+  int healthy = c->nc && !c->aborted && !c->failed;
+  ncclResult_t fr = ncclSuccess;
+  if (healthy) {
+    (void)cudaSetDevice(c->dev);
+    fr = ncclCommFinalize(c->nc);
+    if (fr != ncclSuccess && fr != ncclInProgress) {
+      char text[512], why[DNCCL_WHY_LEN];
+      dnccl_result_text(c->nc, fr, text, sizeof(text));
+      snprintf(why, sizeof(why), "ncclCommFinalize failed: %s", text);
+      dnccl_mark_failed(c, dnccl_map_result(fr), why);
+      rc = h->err(c->failed, "nccl backend: destroying %s: %s", c->label, why);
+    }
+  }
+  pthread_mutex_unlock(&c->mu);
+  /* Still listed while finalizing, so a process-wide abort covers it. */
+  if (healthy && rc == 0) rc = dnccl_poll_ready(c, h->now() + c->ctx->finalize_timeout, "ncclCommFinalize");
+  live_remove(c);
+  pthread_mutex_lock(&c->mu);
+  if (c->nc) {
+    if (rc == 0 && !c->aborted && !c->failed) {
+      ncclResult_t dr = ncclCommDestroy(c->nc);
+      if (dr != ncclSuccess) rc = h->err(DCOMM_EBACKEND, "nccl backend: ncclCommDestroy of %s failed: %s", c->label,
+                                         ncclGetErrorString(dr));
+    } else {
+      /* Broken, aborted elsewhere, or finalize failed: abort, never destroy. */
+      (void)ncclCommAbort(c->nc);
+    }
+    c->nc = NULL;
+  }
+  pthread_mutex_unlock(&c->mu);
+  if (rc < 0) DNCCL_LOG(h, WARN, "nccl backend: %s released after an error: %s", c->label,
+                           c->why[0] ? c->why : "see the previous message");
+  comm_free(c);
+  return rc;
+}
+
+static int be_comm_abort(void *comm, int reason) {
+  struct dnccl_comm *c = comm;
+  if (reason >= 0) reason = DCOMM_EREVOKED;
+  char why[256];
+  snprintf(why, sizeof(why), "%s requested on %s; every NCCL communicator of this process was aborted",
+           dnccl_err_name(reason), c ? c->label : "a communicator");
+  return dnccl_abort_all(reason, why);
+}
+
+static int be_async_error(void *comm) {
+  struct dnccl_comm *c = comm;
+  if (!c) return 0;
+  const struct dcomm_host *h = c->ctx->host;
+  pthread_mutex_lock(&c->mu);
+  int rc = c->aborted ? c->aborted : c->failed;
+  if (!rc && c->nc) {
+    ncclResult_t st = ncclSuccess;
+    ncclResult_t q = ncclCommGetAsyncError(c->nc, &st);
+    if (q != ncclSuccess) st = q;
+    if (st != ncclSuccess && st != ncclInProgress) {
+      char text[512], why[DNCCL_WHY_LEN];
+      dnccl_result_text(c->nc, st, text, sizeof(text));
+      snprintf(why, sizeof(why), "NCCL async error: %s", text);
+      rc = dnccl_map_result(st);
+      dnccl_mark_failed(c, rc, why);
+    }
+  }
+  char why[DNCCL_WHY_LEN];
+  snprintf(why, sizeof(why), "%s", c->why);
+  pthread_mutex_unlock(&c->mu);
+  if (rc) return h->err(rc, "nccl backend: %s (rank %d of %d): %s", c->label, c->rank, c->size, why);
+  return 0;
+}
+
+__attribute__((visibility("default"))) const struct dcomm_backend_v1 dcomm_backend_v1 = {
+    .size = sizeof(struct dcomm_backend_v1),
+    .abi_version = DCOMM_BACKEND_ABI_VERSION,
+    .name = "nccl",
+    .init = be_init,
+    .finalize = be_finalize,
+    .comm_create = be_comm_create,
+    .comm_destroy = be_comm_destroy,
+    .comm_abort = be_comm_abort,
+    .post = dnccl_post,
+    .test = dnccl_test,
+    .wait = dnccl_wait,
+    .async_error = be_async_error,
+    .describe = be_describe,
+};

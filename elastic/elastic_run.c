@@ -1,0 +1,142 @@
+/*
+ * elastic_run.c: barrier-synchronized rank-0 checkpoints and the
+ * high-level training loop dcomm_elastic_run (step, save and load
+ * callbacks; recovery and restore on failure).
+ */
+#include "config.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checkpoint.h"
+#include "dcomm_elastic.h"
+#include "error.h"
+#include "log.h"
+#include "param.h"
+#include "runtime.h"
+#include "sock.h"
+
+int dcomm_checkpoint_save(const char *dir, uint64_t step, const void *data, size_t len) {
+  if (!dir || !*dir) return dcomm__err(DCOMM_EINVAL, "dcomm_checkpoint_save: no directory");
+  DCOMM_CHECK(dcomm_barrier(NULL));
+  int32_t rc = 0;
+  char detail[512] = "";
+  if (dcomm_rank() == 0) {
+    int keep = (int)dcomm__param_int(DCOMM_P_CHECKPOINT_KEEP);
+    rc = dcomm__ckpt_write(dir, step, dcomm__w.generation, data, len, keep < 1 ? 1 : keep);
+    if (rc < 0) snprintf(detail, sizeof(detail), "%s", dcomm_last_error());
+  }
+  /* The broadcast of the outcome is the second barrier: nobody goes on
+   * before the checkpoint is committed (or known to have failed). */
+  DCOMM_CHECK(dcomm_broadcast(&rc, 1, DCOMM_INT32, 0, NULL));
+  if (rc < 0) return dcomm__err(rc, "checkpoint of step %" PRIu64 " failed on rank 0%s%s", step, *detail ? ": " : "", detail);
+  return 0;
+}
+
+int dcomm_checkpoint_load(const char *dir, void **data, size_t *len, uint64_t *step) {
+  if (!dir || !data || !len || !step) return dcomm__err(DCOMM_EINVAL, "dcomm_checkpoint_load: NULL argument");
+  *data = NULL;
+  *len = 0;
+  int64_t head[3] = {0, 0, 0}; /* rc, step, len */
+  void *buf = NULL;
+  if (dcomm_rank() == 0) {
+    struct dcomm_ckpt_info info;
+    size_t l = 0;
+    int rc = dcomm__ckpt_read_latest(dir, &buf, &l, &info);
+    head[0] = rc;
+    if (rc == 0) {
+      head[1] = (int64_t)info.step;
+      head[2] = (int64_t)l;
+    }
+  }
+  DCOMM_CHECK(dcomm_broadcast(head, 3, DCOMM_INT64, 0, NULL));
+  if (head[0] < 0) {
+    free(buf);
+    return dcomm__err((int)head[0], "no valid checkpoint in %s", dir);
+  }
+  size_t l = (size_t)head[2];
+  if (dcomm_rank() != 0) {
+    buf = malloc(l ? l : 1);
+    if (!buf) return dcomm__err(DCOMM_ENOMEM, "out of memory for a %zu-byte checkpoint", l);
+  }
+  int rc = dcomm_broadcast(buf, l, DCOMM_UINT8, 0, NULL);
+  if (rc < 0) {
+    free(buf);
+    return rc;
+  }
+  *data = buf;
+  *len = l;
+  *step = (uint64_t)head[1];
+  return 0;
+}
+
+/* Restores the newest checkpoint; *next is the step to run next. */
+static int restore(const dcomm_elastic_config_t *cfg, uint64_t *next) {
+  void *data = NULL;
+  size_t len = 0;
+  uint64_t step = 0;
+  *next = 0;
+  if (!cfg->checkpoint_dir) return cfg->load ? cfg->load(NULL, 0, 0, cfg->user) : 0;
+  int rc = dcomm_checkpoint_load(cfg->checkpoint_dir, &data, &len, &step);
+  if (rc == DCOMM_ENOTFOUND) return cfg->load ? cfg->load(NULL, 0, 0, cfg->user) : 0;
+  if (rc < 0) return rc;
+  rc = cfg->load ? cfg->load(data, len, step, cfg->user) : 0;
+  free(data);
+  *next = step + 1;
+  return rc;
+}
+
+static int save(const dcomm_elastic_config_t *cfg, uint64_t step) {
+  void *data = NULL;
+  size_t len = 0;
+  if (dcomm_rank() == 0 && cfg->save) {
+    int rc = cfg->save(&data, &len, cfg->user);
+    if (rc < 0) {
+      free(data);
+      data = NULL;
+      len = 0;
+      DCOMM_LOG(WARN, ELASTIC, "save callback failed at step %" PRIu64 ": checkpoint skipped", step);
+    }
+  }
+  int rc = dcomm_checkpoint_save(cfg->checkpoint_dir, step, data, len);
+  free(data);
+  return rc;
+}
+
+int dcomm_elastic_run(const dcomm_elastic_config_t *cfg) {
+  if (!cfg || cfg->size < sizeof(*cfg) || cfg->version != 1 || !cfg->step)
+    return dcomm__err(DCOMM_EINVAL, "dcomm_elastic_run: config missing, of another version, or without a step callback");
+  if (cfg->checkpoint_every && !cfg->checkpoint_dir)
+    return dcomm__err(DCOMM_EINVAL, "dcomm_elastic_run: checkpoint_every without checkpoint_dir");
+  long max_rec = dcomm__param_int(DCOMM_P_ELASTIC_MAX_RECOVERIES);
+  uint64_t step;
+  int rc = restore(cfg, &step);
+  for (long recoveries = 0;;) {
+    while (rc == 0 && step < cfg->total_steps) {
+      rc = cfg->step(step, cfg->user);
+      if (rc == 0 && cfg->checkpoint_every && ((step + 1) % cfg->checkpoint_every == 0 || step + 1 == cfg->total_steps))
+        rc = save(cfg, step);
+      if (rc == 0) step++;
+    }
+    if (rc == 0) return 0;
+    if (!dcomm_elastic_recoverable(rc) || !dcomm__w.elastic || recoveries >= max_rec) return rc;
+    recoveries++;
+    double t0 = dcomm__now();
+    struct dcomm_membership_change ch = {.old_world_size = dcomm__w.size, .old_rank = dcomm__w.rank, .error = rc};
+    DCOMM_LOG(WARN, ELASTIC, "failure detected at step %" PRIu64 ": %s", step, dcomm_last_error());
+    int err = dcomm_elastic_recover();
+    if (err == 0) err = restore(cfg, &step);
+    if (err < 0) return err;
+    ch.new_world_size = dcomm__w.size;
+    ch.new_rank = dcomm__w.rank;
+    ch.generation = dcomm__w.generation;
+    ch.recovery_seconds = dcomm__now() - t0;
+    ch.resume_step = step;
+    DCOMM_LOG(INFO, ELASTIC, "recovered in %.3f s: world %d -> %d, generation %ld, resuming at step %" PRIu64,
+              ch.recovery_seconds, ch.old_world_size, ch.new_world_size, ch.generation, step);
+    if (cfg->on_membership_change) cfg->on_membership_change(&ch, cfg->user);
+    rc = 0;
+  }
+}

@@ -1,0 +1,88 @@
+/*
+ * membership.c: the elastic watcher. One thread per process, with its own
+ * store link, that every DCOMM_HEARTBEAT_INTERVAL writes this member's
+ * heartbeat (dcomm-run kills a worker whose heartbeat stops: a SIGSTOPped
+ * or hung process) and waits for the revoke notice of the current
+ * generation. The notice comes from the launcher (a worker exited) or from
+ * any rank whose call failed; on it, every communicator of the generation
+ * is aborted so no survivor stays blocked, whichever link it waits on.
+ */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "log.h"
+#include "param.h"
+#include "runtime.h"
+#include "sock.h"
+#include "store.h"
+
+static void abort_generation(struct dcomm_world *w, long gen, const char *why) {
+  pthread_mutex_lock(&w->lock);
+  if (w->generation == gen && w->initialized) {
+    DCOMM_LOG(WARN, ELASTIC, "generation %ld revoked (%s): aborting its communicators", gen, why);
+    if (w->world.bcomm) w->be->comm_abort(w->world.bcomm, DCOMM_EREVOKED);
+    for (struct dcomm_group *g = w->groups; g; g = g->next)
+      if (g->bcomm) w->be->comm_abort(g->bcomm, DCOMM_EREVOKED);
+  }
+  pthread_mutex_unlock(&w->lock);
+}
+
+static void *watcher_main(void *arg) {
+  struct dcomm_world *w = arg;
+  double interval = dcomm__param_double(DCOMM_P_HEARTBEAT_INTERVAL);
+  long acted = -1; /* last generation whose revoke was acted on */
+  if (interval < 0.05) interval = 0.05;
+  char hbkey[128];
+  snprintf(hbkey, sizeof(hbkey), "elastic/hb/%s", w->member_id);
+  while (!__atomic_load_n(&w->watcher_stop, __ATOMIC_ACQUIRE)) {
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    char hb[64];
+    int n = snprintf(hb, sizeof(hb), "%.3f", (double)tv.tv_sec + tv.tv_usec * 1e-6);
+    if (dcomm__store_set(w->estore, hbkey, hb, (size_t)n + 1) < 0) {
+      usleep((useconds_t)(interval * 1e6));
+      continue;
+    }
+    long gen = __atomic_load_n(&w->generation, __ATOMIC_ACQUIRE);
+    if (gen == acted) {
+      usleep((useconds_t)(interval * 1e6));
+      continue;
+    }
+    char key[64];
+    snprintf(key, sizeof(key), "elastic/revoke/%ld", gen);
+    void *val = NULL;
+    size_t len = 0;
+    /* The blocking get doubles as the heartbeat sleep. */
+    int rc = dcomm__store_get(w->estore, key, interval, &val, &len);
+    if (rc == 0) {
+      abort_generation(w, gen, len && ((char *)val)[len - 1] == 0 ? (char *)val : "notice");
+      acted = gen;
+    } else if (rc != DCOMM_ETIMEDOUT) {
+      usleep((useconds_t)(interval * 1e6));
+    }
+    free(val);
+  }
+  return NULL;
+}
+
+int dcomm__elastic_start(struct dcomm_world *w) {
+  if (w->watcher_running) return 0;
+  w->watcher_stop = 0;
+  if (pthread_create(&w->watcher, NULL, watcher_main, w) != 0)
+    return dcomm__err(DCOMM_ESYSTEM, "cannot start the elastic watcher thread");
+  w->watcher_running = 1;
+  return 0;
+}
+
+void dcomm__elastic_stop(struct dcomm_world *w) {
+  if (!w->watcher_running) return;
+  __atomic_store_n(&w->watcher_stop, 1, __ATOMIC_RELEASE);
+  pthread_join(w->watcher, NULL);
+  w->watcher_running = 0;
+}

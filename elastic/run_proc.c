@@ -1,0 +1,326 @@
+/*
+ * run_proc.c: dcomm-run's worker processes and their output.
+ *
+ * run_spawn builds the worker's environment (the agent's own, minus the
+ * variables it sets, plus torchrun's and dcomm's), creates its stdout and
+ * stderr pipes and forks. Between fork and exec the child only makes
+ * async-signal-safe calls: the arrays were all built before fork (the store
+ * server's threads may hold malloc's locks at that moment).
+ *
+ * The agent reads the pipes and prints each complete line as "[rank]: line"
+ * with one write(), so that lines of different workers and of the agent
+ * itself never interleave mid-line. A line longer than RUN_MAX_LINE is cut
+ * into pieces of that size.
+ */
+#define _GNU_SOURCE
+#include "config.h"
+#include "run.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <uuid/uuid.h>
+
+#include "sock.h"
+
+#define RUN_MAX_LINE 65536
+
+extern char **environ;
+
+/* ---- output ---- */
+
+/* Writes all of buf to fd; a closed or broken output is given up on. */
+static void write_all(int fd, const char *buf, size_t len) {
+  while (len > 0) {
+    ssize_t n = write(fd, buf, len);
+    if (n > 0) {
+      buf += n;
+      len -= (size_t)n;
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && errno == EAGAIN) { /* a non-blocking stdout we inherited */
+      struct pollfd p = {.fd = fd, .events = POLLOUT};
+      if (poll(&p, 1, 1000) <= 0) return;
+    } else {
+      return;
+    }
+  }
+}
+
+void run_log(const char *fmt, ...) {
+  char line[2048];
+  int n = snprintf(line, sizeof(line), "dcomm-run: ");
+  va_list ap;
+  va_start(ap, fmt);
+  int m = vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
+  va_end(ap);
+  size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
+  if (len > sizeof(line) - 2) len = sizeof(line) - 2;
+  line[len++] = '\n';
+  write_all(2, line, len);
+}
+
+static void emit_line(const struct run_stream *s, int rank, int quiet, const char *data, size_t len) {
+  char stackbuf[4096];
+  char pre[24];
+  int plen = quiet ? 0 : snprintf(pre, sizeof(pre), "[%d]: ", rank);
+  size_t total = (size_t)plen + len + 1;
+  char *out = total <= sizeof(stackbuf) ? stackbuf : malloc(total);
+  if (!out) { /* out of memory: still print, in pieces */
+    if (plen) write_all(s->out_fd, pre, (size_t)plen);
+    write_all(s->out_fd, data, len);
+    write_all(s->out_fd, "\n", 1);
+    return;
+  }
+  memcpy(out, pre, (size_t)plen);
+  memcpy(out + plen, data, len);
+  out[total - 1] = '\n';
+  write_all(s->out_fd, out, total);
+  if (out != stackbuf) free(out);
+}
+
+/* Prints every complete line in the buffer (and over-long pieces). */
+static void emit_lines(struct run_stream *s, int rank, int quiet) {
+  size_t start = 0;
+  for (;;) {
+    char *nl = memchr(s->buf + start, '\n', s->len - start);
+    if (nl) {
+      emit_line(s, rank, quiet, s->buf + start, (size_t)(nl - (s->buf + start)));
+      start = (size_t)(nl - s->buf) + 1;
+    } else if (s->len - start >= RUN_MAX_LINE) {
+      emit_line(s, rank, quiet, s->buf + start, RUN_MAX_LINE);
+      start += RUN_MAX_LINE;
+    } else {
+      break;
+    }
+  }
+  if (start) {
+    memmove(s->buf, s->buf + start, s->len - start);
+    s->len -= start;
+  }
+}
+
+void run_stream_close(struct run_stream *s, int rank, int quiet) {
+  if (s->fd < 0) return;
+  if (s->len) emit_line(s, rank, quiet, s->buf, s->len);
+  s->len = 0;
+  close(s->fd);
+  s->fd = -1;
+  free(s->buf);
+  s->buf = NULL;
+  s->cap = 0;
+}
+
+void run_stream_pump(struct run_stream *s, int rank, int quiet) {
+  /* Bounded, so that one chatty worker cannot starve the event loop. */
+  for (int rounds = 0; s->fd >= 0 && rounds < 16; rounds++) {
+    if (s->cap - s->len < 16384) {
+      size_t ncap = s->cap ? s->cap * 2 : 32768;
+      char *nb = realloc(s->buf, ncap);
+      if (!nb) { /* print what is buffered to make room */
+        if (s->len) emit_line(s, rank, quiet, s->buf, s->len);
+        s->len = 0;
+        if (s->cap - s->len < 1) return;
+      } else {
+        s->buf = nb;
+        s->cap = ncap;
+      }
+    }
+    ssize_t n = read(s->fd, s->buf + s->len, s->cap - s->len);
+    if (n > 0) {
+      s->len += (size_t)n;
+      emit_lines(s, rank, quiet);
+    } else if (n == 0) {
+      run_stream_close(s, rank, quiet);
+    } else if (errno == EINTR) {
+      continue;
+    } else if (errno == EAGAIN) {
+      return;
+    } else {
+      run_stream_close(s, rank, quiet);
+    }
+  }
+}
+
+void run_describe_status(int status, char *buf, size_t n) {
+  if (WIFEXITED(status)) {
+    snprintf(buf, n, "exited with status %d", WEXITSTATUS(status));
+  } else if (WIFSIGNALED(status)) {
+    const char *d = sigdescr_np(WTERMSIG(status));
+    snprintf(buf, n, "killed by signal %d (%s)", WTERMSIG(status), d ? d : "?");
+  } else {
+    snprintf(buf, n, "wait status 0x%x", (unsigned)status);
+  }
+}
+
+/* ---- the environment ---- */
+
+struct envbuf {
+  char **v;
+  size_t n, cap;
+  int failed;
+};
+
+static void env_push(struct envbuf *e, char *s) {
+  if (!s) {
+    e->failed = 1;
+    return;
+  }
+  if (e->n + 2 > e->cap) {
+    size_t ncap = e->cap ? e->cap * 2 : 64;
+    char **nv = realloc(e->v, ncap * sizeof(*nv));
+    if (!nv) {
+      free(s);
+      e->failed = 1;
+      return;
+    }
+    e->v = nv;
+    e->cap = ncap;
+  }
+  e->v[e->n++] = s;
+  e->v[e->n] = NULL;
+}
+
+static void env_setf(struct envbuf *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void env_setf(struct envbuf *e, const char *fmt, ...) {
+  char *s = NULL;
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = vasprintf(&s, fmt, ap);
+  va_end(ap);
+  env_push(e, rc < 0 ? NULL : s);
+}
+
+static void env_free(struct envbuf *e) {
+  for (size_t i = 0; i < e->n; i++) free(e->v[i]);
+  free(e->v);
+}
+
+/* Variables the agent sets: any inherited value is dropped. */
+static const char *const owned[] = {
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+    "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DCOMM_USE_AGENT_STORE", "DCOMM_AUTH_TOKEN", "DCOMM_JOB_ID",
+    "DCOMM_ELASTIC", "DCOMM_ELASTIC_JOIN", "DCOMM_MEMBER_ID", "DCOMM_RESTART_COUNT", "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", NULL};
+
+static int is_owned(const char *kv) {
+  for (int i = 0; owned[i]; i++) {
+    size_t l = strlen(owned[i]);
+    if (!strncmp(kv, owned[i], l) && kv[l] == '=') return 1;
+  }
+  return 0;
+}
+
+static int build_env(struct envbuf *e, int rank, int join, const char *member, const struct run_env *re) {
+  memset(e, 0, sizeof(*e));
+  for (char **p = environ; p && *p; p++)
+    if (!is_owned(*p)) env_push(e, strdup(*p));
+  env_setf(e, "RANK=%d", rank);
+  env_setf(e, "LOCAL_RANK=%d", rank);
+  env_setf(e, "WORLD_SIZE=%d", re->world);
+  env_setf(e, "LOCAL_WORLD_SIZE=%d", re->world);
+  env_setf(e, "GROUP_RANK=0");
+  env_setf(e, "GROUP_WORLD_SIZE=1");
+  env_setf(e, "ROLE_RANK=%d", rank);
+  env_setf(e, "ROLE_WORLD_SIZE=%d", re->world);
+  env_setf(e, "MASTER_ADDR=%s", re->addr);
+  env_setf(e, "MASTER_PORT=%d", re->port);
+  env_setf(e, "DCOMM_USE_AGENT_STORE=1");
+  env_setf(e, "DCOMM_AUTH_TOKEN=%s", re->token);
+  env_setf(e, "DCOMM_JOB_ID=%s", re->job_id);
+  env_setf(e, "DCOMM_ELASTIC=1");
+  if (join) env_setf(e, "DCOMM_ELASTIC_JOIN=1");
+  env_setf(e, "DCOMM_MEMBER_ID=%s", member);
+  env_setf(e, "DCOMM_RESTART_COUNT=%d", re->restart_count);
+  env_setf(e, "TORCHELASTIC_RUN_ID=%s", re->job_id);
+  env_setf(e, "TORCHELASTIC_RESTART_COUNT=%d", re->restart_count);
+  env_setf(e, "TORCHELASTIC_MAX_RESTARTS=%d", re->max_restarts);
+  return e->failed ? -1 : 0;
+}
+
+/* ---- spawning ---- */
+
+/* Child side, after fork: async-signal-safe calls only. */
+static void child_exec(pid_t agent, int out_w, int err_w, char **argv, char **envp, const sigset_t *mask,
+                       const char *errmsg, size_t errlen) {
+  signal(SIGPIPE, SIG_DFL); /* the agent ignores it; exec would keep that */
+  sigprocmask(SIG_SETMASK, mask, NULL);
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) _exit(127);
+  if (getppid() != agent) _exit(127); /* the agent died before prctl took effect */
+  if (dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0) _exit(127);
+  execvpe(argv[0], argv, envp);
+  const char *why = errno == ENOENT    ? "no such file or directory\n"
+                    : errno == EACCES  ? "permission denied\n"
+                    : errno == ENOEXEC ? "exec format error\n"
+                    : errno == ENOTDIR ? "not a directory\n"
+                                       : "exec failed\n";
+  ssize_t w = write(2, errmsg, errlen);
+  w = write(2, why, strlen(why));
+  (void)w;
+  _exit(127);
+}
+
+int run_spawn(struct run_worker *w, int rank, int join, const struct run_env *re, char **argv,
+              const sigset_t *child_mask) {
+  memset(w, 0, sizeof(*w));
+  w->rank = rank;
+  w->pid = -1;
+  w->s[0].fd = w->s[1].fd = -1;
+  w->s[0].out_fd = 1;
+  w->s[1].out_fd = 2;
+  uuid_t u;
+  uuid_generate(u);
+  uuid_unparse_lower(u, w->member);
+
+  struct envbuf env;
+  if (build_env(&env, rank, join, w->member, re) < 0) {
+    env_free(&env);
+    run_log("cannot start worker %d: out of memory", rank);
+    return -1;
+  }
+  char errmsg[512];
+  int el = snprintf(errmsg, sizeof(errmsg), "dcomm-run: cannot execute '%s': ", argv[0]);
+  size_t errlen = el < 0 ? 0 : (size_t)el >= sizeof(errmsg) ? sizeof(errmsg) - 1 : (size_t)el;
+
+  int po[2] = {-1, -1}, pe[2] = {-1, -1};
+  if (pipe2(po, O_CLOEXEC) < 0 || pipe2(pe, O_CLOEXEC) < 0) {
+    int e = errno;
+    for (int i = 0; i < 2; i++) {
+      if (po[i] >= 0) close(po[i]);
+      if (pe[i] >= 0) close(pe[i]);
+    }
+    env_free(&env);
+    run_log("cannot start worker %d: pipe: %s", rank, strerror(e));
+    return -1;
+  }
+  pid_t agent = getpid();
+  pid_t pid = fork();
+  if (pid == 0) child_exec(agent, po[1], pe[1], argv, env.v, child_mask, errmsg, errlen);
+  int e = errno;
+  close(po[1]);
+  close(pe[1]);
+  env_free(&env);
+  if (pid < 0) {
+    close(po[0]);
+    close(pe[0]);
+    run_log("cannot start worker %d: fork: %s", rank, strerror(e));
+    return -1;
+  }
+  fcntl(po[0], F_SETFL, fcntl(po[0], F_GETFL) | O_NONBLOCK);
+  fcntl(pe[0], F_SETFL, fcntl(pe[0], F_GETFL) | O_NONBLOCK);
+  w->pid = pid;
+  w->s[0].fd = po[0];
+  w->s[1].fd = pe[0];
+  w->running = 1;
+  w->spawn_t = dcomm__now();
+  return 0;
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# scripts/test.sh: the project's test command. Installs the packages, builds
+# from scratch with warnings as errors, runs `make check` (every suite
+# bounds its own time), then the same suites under AddressSanitizer and
+# UndefinedBehaviorSanitizer in a separate build tree.
+#   scripts/test.sh            full run
+#   SKIP_SANITIZERS=1 scripts/test.sh   plain build only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+top=$PWD
+bash scripts/install-deps.sh
+[ -x configure ] || ./autogen.sh
+jobs=$(nproc)
+
+run_build() { # dir, configure args...
+  local dir=$1; shift
+  mkdir -p "$dir"
+  (cd "$dir" && "$top/configure" --enable-werror "$@" >configure.out 2>&1 || { cat configure.out; exit 1; }
+   tail -12 configure.out
+   make -j"$jobs" >make.out 2>&1 || { cat make.out; exit 1; }
+   if ! make -j1 check; then
+     for f in tests/*.log; do echo "=== $f"; tail -50 "$f"; done
+     exit 1
+   fi)
+}
+
+run_build "$top/build"
+if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+  run_build "$top/build-asan" --enable-sanitizers
+fi
+echo "dcomm tests: all suites passed"

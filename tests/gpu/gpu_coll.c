@@ -1,0 +1,559 @@
+/*
+ * gpu_coll.c: the GPU check of the nccl backend, through the public API
+ * only (dcomm.h) with cudaMalloc'd buffers. tests/gpu/run.sh builds and runs
+ * it on a machine with a GPU:
+ *   gpu_coll                 world of 1: tcp://127.0.0.1:$GPU_COLL_PORT
+ *   RANK=.. WORLD_SIZE=.. LOCAL_RANK=.. MASTER_ADDR=.. MASTER_PORT=.. gpu_coll
+ *                            one process per GPU through env://
+ *   gpu_coll --count-devices prints the number of CUDA devices (0 if none)
+ * Every collective is checked against expected values copied back with
+ * cudaMemcpy; then host buffers and tags are checked to fail cleanly,
+ * sub-groups are built, latency and bandwidth are measured, and a timeout
+ * forces an abort followed by finalize and a new init (timed). The last
+ * line is "[rank R] GPU checks: N passed, M failed"; exit 0 when M is 0.
+ */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, setenv */
+
+#include <cuda_runtime_api.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dcomm.h"
+
+static int me, np = 1, passed, failed;
+static int multi;      /* launched through env:// */
+static int base_port;  /* the store port of the first init */
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void finish(void) {
+  printf("[rank %d] GPU checks: %d passed, %d failed\n", me, passed, failed);
+  fflush(stdout);
+  exit(failed ? 1 : 0);
+}
+
+static void result(int ok, const char *fmt, ...) {
+  va_list ap;
+  printf("[rank %d] %s ", me, ok ? "ok  " : "FAIL");
+  va_start(ap, fmt);
+  vprintf(fmt, ap);
+  va_end(ap);
+  printf("\n");
+  fflush(stdout);
+  if (ok) passed++;
+  else failed++;
+}
+
+static void figure(const char *fmt, ...) {
+  va_list ap;
+  printf("[rank %d] figure: ", me);
+  va_start(ap, fmt);
+  vprintf(fmt, ap);
+  va_end(ap);
+  printf("\n");
+}
+
+/* rc as text, with the library's sentence when it failed. */
+static const char *rctext(int rc) {
+  static char buf[1400];
+  if (rc == 0) return "0";
+  snprintf(buf, sizeof(buf), "%s (%s)", dcomm_error_name(rc), dcomm_last_error());
+  return buf;
+}
+
+static void cu(cudaError_t e, const char *what) {
+  if (e == cudaSuccess) return;
+  result(0, "%s: %s", what, cudaGetErrorString(e));
+  finish();
+}
+
+static void *dalloc(size_t bytes) {
+  void *p = NULL;
+  cu(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc");
+  return p;
+}
+
+static void up(void *d, const void *h, size_t n) { cu(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), "cudaMemcpy H2D"); }
+static void down(void *h, const void *d, size_t n) { cu(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost), "cudaMemcpy D2H"); }
+
+/* ---- element access for every dtype (host side) ---- */
+
+static uint16_t f2h(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  int e = (int)((x >> 23) & 0xff) - 127 + 15;
+  uint32_t m = x & 0x7fffffu;
+  if (((x >> 23) & 0xff) == 0 || e <= 0) return (uint16_t)sign;
+  if (e >= 31) return (uint16_t)(sign | 0x7c00u);
+  uint32_t h = sign | ((uint32_t)e << 10) | (m >> 13);
+  if (m & 0x1000u) h++;
+  return (uint16_t)h;
+}
+
+static float h2f(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
+  if (e == 0) {
+    float f = (float)m / 1024.0f / 16384.0f;
+    return sign ? -f : f;
+  }
+  if (e == 31) x = sign | 0x7f800000u | (m << 13);
+  else x = sign | ((e - 15 + 127) << 23) | (m << 13);
+  float f;
+  memcpy(&f, &x, 4);
+  return f;
+}
+
+static uint16_t f2bf(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static float bf2f(uint16_t b) {
+  uint32_t u = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static void put(void *buf, dcomm_dtype_t dt, size_t i, double v) {
+  switch (dt) {
+  case DCOMM_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
+  case DCOMM_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+  case DCOMM_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
+  case DCOMM_UINT32: ((uint32_t *)buf)[i] = (uint32_t)v; break;
+  case DCOMM_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
+  case DCOMM_UINT64: ((uint64_t *)buf)[i] = (uint64_t)v; break;
+  case DCOMM_FLOAT16: ((uint16_t *)buf)[i] = f2h((float)v); break;
+  case DCOMM_BFLOAT16: ((uint16_t *)buf)[i] = f2bf((float)v); break;
+  case DCOMM_FLOAT32: ((float *)buf)[i] = (float)v; break;
+  case DCOMM_FLOAT64: ((double *)buf)[i] = v; break;
+  default: break;
+  }
+}
+
+static double get(const void *buf, dcomm_dtype_t dt, size_t i) {
+  switch (dt) {
+  case DCOMM_INT8: return ((const int8_t *)buf)[i];
+  case DCOMM_UINT8: return ((const uint8_t *)buf)[i];
+  case DCOMM_INT32: return ((const int32_t *)buf)[i];
+  case DCOMM_UINT32: return ((const uint32_t *)buf)[i];
+  case DCOMM_INT64: return (double)((const int64_t *)buf)[i];
+  case DCOMM_UINT64: return (double)((const uint64_t *)buf)[i];
+  case DCOMM_FLOAT16: return h2f(((const uint16_t *)buf)[i]);
+  case DCOMM_BFLOAT16: return bf2f(((const uint16_t *)buf)[i]);
+  case DCOMM_FLOAT32: return ((const float *)buf)[i];
+  case DCOMM_FLOAT64: return ((const double *)buf)[i];
+  default: return 0;
+  }
+}
+
+static int close_to(double a, double b) {
+  double d = a > b ? a - b : b - a, m = b < 0 ? -b : b;
+  return d <= 1e-3 * (m > 1 ? m : 1);
+}
+
+/* Number of elements of got (float32) that differ from want; notes the first. */
+static size_t mismatches(const float *got, const float *want, size_t n, char *note, size_t len) {
+  size_t bad = 0;
+  note[0] = 0;
+  for (size_t i = 0; i < n; i++)
+    if (!close_to(got[i], want[i])) {
+      if (!bad++) snprintf(note, len, "; first at %zu: got %g, want %g", i, (double)got[i], (double)want[i]);
+    }
+  return bad;
+}
+
+static const char *const dt_names[DCOMM_DTYPE_COUNT] = {"int8",  "uint8",   "int32",    "uint32",  "int64",
+                                                        "uint64", "float16", "bfloat16", "float32", "float64"};
+static const char *const op_names[DCOMM_OP_COUNT] = {"sum", "prod", "max", "min", "avg"};
+
+/* ---- the checks ---- */
+
+static double v_of(int p, size_t i) { return 1 + (double)((p + (int)i) % 3); }
+
+static void check_dtypes(void) {
+  const size_t n = 257;
+  for (int dt = 0; dt < DCOMM_DTYPE_COUNT; dt++) {
+    size_t es = dcomm_dtype_size((dcomm_dtype_t)dt), bad = 0;
+    unsigned char *h = malloc(n * es);
+    void *d = dalloc(n * es);
+    for (size_t i = 0; i < n; i++) put(h, (dcomm_dtype_t)dt, i, v_of(me, i));
+    up(d, h, n * es);
+    int rc = dcomm_all_reduce(d, n, (dcomm_dtype_t)dt, DCOMM_SUM, NULL);
+    down(h, d, n * es);
+    char note[128] = "";
+    for (size_t i = 0; i < n; i++) {
+      double want = 0, got = get(h, (dcomm_dtype_t)dt, i);
+      for (int p = 0; p < np; p++) want += v_of(p, i);
+      if (!close_to(got, want) && !bad++) snprintf(note, sizeof(note), "; first at %zu: got %g, want %g", i, got, want);
+    }
+    result(rc == 0 && bad == 0, "all_reduce sum %-8s count %zu: rc %s, %zu wrong%s", dt_names[dt], n, rctext(rc), bad,
+           note);
+    cudaFree(d);
+    free(h);
+  }
+}
+
+static void check_ops(void) {
+  const size_t n = 100;
+  float h[100], want[100];
+  char note[128];
+  float *d = dalloc(sizeof(h));
+  for (int op = 0; op < DCOMM_OP_COUNT; op++) {
+    for (size_t i = 0; i < n; i++) {
+      h[i] = (float)v_of(me, i);
+      double w = op == DCOMM_PROD ? 1 : op == DCOMM_MIN ? 1e9 : op == DCOMM_MAX ? -1e9 : 0;
+      for (int p = 0; p < np; p++) {
+        double v = v_of(p, i);
+        if (op == DCOMM_SUM || op == DCOMM_AVG) w += v;
+        else if (op == DCOMM_PROD) w *= v;
+        else if (op == DCOMM_MAX) w = v > w ? v : w;
+        else w = v < w ? v : w;
+      }
+      want[i] = (float)(op == DCOMM_AVG ? w / np : w);
+    }
+    up(d, h, sizeof(h));
+    int rc = dcomm_all_reduce(d, n, DCOMM_FLOAT32, (dcomm_op_t)op, NULL);
+    down(h, d, sizeof(h));
+    size_t bad = mismatches(h, want, n, note, sizeof(note));
+    result(rc == 0 && bad == 0, "all_reduce float32 %-4s: rc %s, %zu wrong%s", op_names[op], rctext(rc), bad, note);
+  }
+  /* reduce to the last rank */
+  int root = np - 1;
+  for (size_t i = 0; i < n; i++) {
+    h[i] = (float)v_of(me, i);
+    want[i] = 0;
+    for (int p = 0; p < np; p++) want[i] += (float)v_of(p, i);
+  }
+  up(d, h, sizeof(h));
+  int rc = dcomm_reduce(d, n, DCOMM_FLOAT32, DCOMM_SUM, root, NULL);
+  down(h, d, sizeof(h));
+  size_t bad = me == root ? mismatches(h, want, n, note, sizeof(note)) : 0;
+  if (me != root) note[0] = 0;
+  result(rc == 0 && bad == 0, "reduce sum to root %d: rc %s, %zu wrong%s", root, rctext(rc), bad, note);
+  cudaFree(d);
+}
+
+static void check_broadcast(void) {
+  const size_t n = 1000;
+  float *h = malloc(n * 4), *want = malloc(n * 4);
+  char note[128];
+  float *d = dalloc(n * 4);
+  int roots[2] = {0, np - 1};
+  for (int k = 0; k < (np > 1 ? 2 : 1); k++) {
+    int root = roots[k];
+    for (size_t i = 0; i < n; i++) {
+      want[i] = (float)(1000 + i + (size_t)root);
+      h[i] = me == root ? want[i] : -1.0f;
+    }
+    up(d, h, n * 4);
+    int rc = dcomm_broadcast(d, n, DCOMM_FLOAT32, root, NULL);
+    down(h, d, n * 4);
+    size_t bad = mismatches(h, want, n, note, sizeof(note));
+    result(rc == 0 && bad == 0, "broadcast from root %d: rc %s, %zu wrong%s", root, rctext(rc), bad, note);
+  }
+  cudaFree(d);
+  free(h);
+  free(want);
+}
+
+static void check_gathers(void) {
+  const size_t c = 64, all = c * (size_t)np;
+  float *hs = malloc(all * 4), *hr = malloc(all * 4), *want = malloc(all * 4);
+  float *ds = dalloc(all * 4), *dr = dalloc(all * 4);
+  char note[128];
+  int rc;
+  size_t bad;
+
+  /* all_gather */
+  for (size_t i = 0; i < c; i++) hs[i] = (float)(me * 100 + (int)i);
+  for (size_t j = 0; j < all; j++) want[j] = (float)((int)(j / c) * 100 + (int)(j % c));
+  up(ds, hs, c * 4);
+  cu(cudaMemset(dr, 0, all * 4), "cudaMemset");
+  rc = dcomm_all_gather(ds, dr, c, DCOMM_FLOAT32, NULL);
+  down(hr, dr, all * 4);
+  bad = mismatches(hr, want, all, note, sizeof(note));
+  result(rc == 0 && bad == 0, "all_gather count %zu: rc %s, %zu wrong%s", c, rctext(rc), bad, note);
+
+  /* gather to rank 0; non-roots pass no receive buffer */
+  cu(cudaMemset(dr, 0, all * 4), "cudaMemset");
+  rc = dcomm_gather(ds, me == 0 ? dr : NULL, c, DCOMM_FLOAT32, 0, NULL);
+  down(hr, dr, all * 4);
+  bad = me == 0 ? mismatches(hr, want, all, note, sizeof(note)) : 0;
+  if (me) note[0] = 0;
+  result(rc == 0 && bad == 0, "gather to root 0: rc %s, %zu wrong%s", rctext(rc), bad, note);
+
+  /* scatter from the last rank; non-roots pass no send buffer */
+  int root = np - 1;
+  for (size_t j = 0; j < all; j++) hs[j] = (float)((int)(j / c) * 100 + (int)(j % c));
+  for (size_t i = 0; i < c; i++) want[i] = (float)(me * 100 + (int)i);
+  up(ds, hs, all * 4);
+  cu(cudaMemset(dr, 0, all * 4), "cudaMemset");
+  rc = dcomm_scatter(me == root ? ds : NULL, dr, c, DCOMM_FLOAT32, root, NULL);
+  down(hr, dr, c * 4);
+  bad = mismatches(hr, want, c, note, sizeof(note));
+  result(rc == 0 && bad == 0, "scatter from root %d: rc %s, %zu wrong%s", root, rctext(rc), bad, note);
+
+  /* reduce_scatter: send[j] = me + j; rank r gets sum_p (p + r*c + i) */
+  for (size_t j = 0; j < all; j++) hs[j] = (float)(me + (int)j);
+  for (size_t i = 0; i < c; i++) want[i] = (float)(np * (np - 1) / 2 + np * (me * (int)c + (int)i));
+  up(ds, hs, all * 4);
+  cu(cudaMemset(dr, 0, all * 4), "cudaMemset");
+  rc = dcomm_reduce_scatter(ds, dr, c, DCOMM_FLOAT32, DCOMM_SUM, NULL);
+  down(hr, dr, c * 4);
+  bad = mismatches(hr, want, c, note, sizeof(note));
+  result(rc == 0 && bad == 0, "reduce_scatter sum count %zu: rc %s, %zu wrong%s", c, rctext(rc), bad, note);
+
+  /* all_to_all: block p of rank r goes to rank p's block r */
+  for (size_t j = 0; j < all; j++) hs[j] = (float)(me * 10000 + (int)(j / c) * 100 + (int)(j % c));
+  for (size_t j = 0; j < all; j++) want[j] = (float)((int)(j / c) * 10000 + me * 100 + (int)(j % c));
+  up(ds, hs, all * 4);
+  cu(cudaMemset(dr, 0, all * 4), "cudaMemset");
+  rc = dcomm_all_to_all(ds, dr, c, DCOMM_FLOAT32, NULL);
+  down(hr, dr, all * 4);
+  bad = mismatches(hr, want, all, note, sizeof(note));
+  result(rc == 0 && bad == 0, "all_to_all count %zu: rc %s, %zu wrong%s", c, rctext(rc), bad, note);
+
+  cudaFree(ds);
+  cudaFree(dr);
+  free(hs);
+  free(hr);
+  free(want);
+}
+
+static void check_barrier_p2p(void) {
+  int rc = 0;
+  for (int k = 0; k < 3 && rc == 0; k++) rc = dcomm_barrier(NULL);
+  result(rc == 0, "barrier x3: rc %s", rctext(rc));
+
+  if (np < 2) {
+    printf("[rank %d] skip send/recv and tags: world of 1 (a rank cannot send to itself)\n", me);
+    return;
+  }
+  const size_t n = 4096;
+  int partner = me % 2 == 0 ? me + 1 : me - 1;
+  if (partner >= np) {
+    printf("[rank %d] skip send/recv: no partner (odd world size)\n", me);
+    return;
+  }
+  float *h = malloc(n * 4), *want = malloc(n * 4);
+  float *d = dalloc(n * 4);
+  char note[128];
+  for (size_t i = 0; i < n; i++) h[i] = (float)(me * 1000 + (int)i);
+  for (size_t i = 0; i < n; i++) want[i] = (float)(partner * 1000 + (int)i);
+  float *dsend = dalloc(n * 4);
+  up(dsend, h, n * 4);
+  int rc1, rc2;
+  if (me % 2 == 0) {
+    rc1 = dcomm_send(dsend, n, DCOMM_FLOAT32, partner, 0, NULL);
+    rc2 = dcomm_recv(d, n, DCOMM_FLOAT32, partner, 0, NULL);
+  } else {
+    rc2 = dcomm_recv(d, n, DCOMM_FLOAT32, partner, 0, NULL);
+    rc1 = dcomm_send(dsend, n, DCOMM_FLOAT32, partner, 0, NULL);
+  }
+  down(h, d, n * 4);
+  size_t bad = mismatches(h, want, n, note, sizeof(note));
+  result(rc1 == 0 && rc2 == 0 && bad == 0, "send/recv with rank %d: send rc %s, recv rc %s, %zu wrong%s", partner,
+         rctext(rc1), rctext(rc2), bad, note);
+  rc = dcomm_send(dsend, n, DCOMM_FLOAT32, partner, 5, NULL);
+  result(rc == DCOMM_ENOTSUP, "send with tag 5 is refused: rc %s", rctext(rc));
+  cudaFree(d);
+  cudaFree(dsend);
+  free(h);
+  free(want);
+}
+
+static void check_bad_buffers(void) {
+  float *h = malloc(64 * 4);
+  for (int i = 0; i < 64; i++) h[i] = 1;
+  int rc = dcomm_all_reduce(h, 64, DCOMM_FLOAT32, DCOMM_SUM, NULL);
+  result(rc == DCOMM_EINVAL && strstr(dcomm_last_error(), "host memory"), "all_reduce on malloc'd memory is refused: rc %s",
+         rctext(rc));
+  free(h);
+  void *pinned = NULL;
+  cu(cudaMallocHost(&pinned, 256), "cudaMallocHost");
+  rc = dcomm_broadcast(pinned, 64, DCOMM_FLOAT32, 0, NULL);
+  result(rc == DCOMM_EINVAL && strstr(dcomm_last_error(), "host memory"),
+         "broadcast on cudaMallocHost memory is refused: rc %s", rctext(rc));
+  cudaFreeHost(pinned);
+  rc = dcomm_all_reduce(NULL, 0, DCOMM_FLOAT32, DCOMM_SUM, NULL);
+  result(rc == 0, "all_reduce of count 0: rc %s", rctext(rc));
+}
+
+static void check_groups(void) {
+  int *ranks = malloc(sizeof(int) * (size_t)np);
+  for (int i = 0; i < np; i++) ranks[i] = np - 1 - i; /* reversed */
+  dcomm_group_t g = NULL;
+  double t0 = now();
+  int rc = dcomm_new_group(ranks, np, &g);
+  double t_new = now() - t0;
+  int grank = rc == 0 ? dcomm_group_rank(g) : -1;
+  result(rc == 0 && grank == np - 1 - me, "new_group (reversed world): rc %s, group rank %d, %.3f s", rctext(rc), grank, t_new);
+  if (rc == 0) {
+    int *d = dalloc(4), v = grank + 1;
+    up(d, &v, 4);
+    rc = dcomm_all_reduce(d, 1, DCOMM_INT32, DCOMM_SUM, g);
+    down(&v, d, 4);
+    result(rc == 0 && v == np * (np + 1) / 2, "all_reduce on the new group: rc %s, got %d want %d", rctext(rc), v,
+           np * (np + 1) / 2);
+    cudaFree(d);
+    rc = dcomm_group_free(g);
+    result(rc == 0, "group_free: rc %s", rctext(rc));
+  }
+  free(ranks);
+
+  /* split by parity; the core exchanges colors with an all_gather through
+   * the backend, so this fails if that exchange uses host memory */
+  dcomm_group_t s = NULL;
+  rc = dcomm_group_split(NULL, me % 2, me, &s);
+  result(rc == 0, "group_split by parity: rc %s", rctext(rc));
+  if (rc == 0) {
+    int want = 0;
+    for (int p = me % 2; p < np; p += 2) want += p;
+    int *d = dalloc(4), v = me;
+    up(d, &v, 4);
+    rc = dcomm_all_reduce(d, 1, DCOMM_INT32, DCOMM_SUM, s);
+    down(&v, d, 4);
+    result(rc == 0 && v == want, "all_reduce on the split group: rc %s, got %d want %d", rctext(rc), v, want);
+    cudaFree(d);
+    dcomm_group_free(s);
+  }
+}
+
+static void figures(void) {
+  float *d = dalloc(64u << 20);
+  cu(cudaMemset(d, 0, 64u << 20), "cudaMemset");
+  int rc = 0, iters = 200;
+  for (int i = 0; i < 10 && rc == 0; i++) rc = dcomm_all_reduce(d, 1, DCOMM_FLOAT32, DCOMM_SUM, NULL);
+  double t0 = now();
+  for (int i = 0; i < iters && rc == 0; i++) rc = dcomm_all_reduce(d, 1, DCOMM_FLOAT32, DCOMM_SUM, NULL);
+  double lat = (now() - t0) / iters;
+  result(rc == 0, "latency loop: rc %s", rctext(rc));
+  if (rc == 0 && me == 0) figure("all_reduce 4 B: %.1f us per call (%d ranks, %d calls)", lat * 1e6, np, iters);
+  t0 = now();
+  for (int i = 0; i < iters && rc == 0; i++) rc = dcomm_barrier(NULL);
+  if (rc == 0 && me == 0) figure("barrier: %.1f us per call", (now() - t0) / iters * 1e6);
+  size_t n = (64u << 20) / 4;
+  iters = 20;
+  for (int i = 0; i < 3 && rc == 0; i++) rc = dcomm_all_reduce(d, n, DCOMM_FLOAT32, DCOMM_SUM, NULL);
+  t0 = now();
+  for (int i = 0; i < iters && rc == 0; i++) rc = dcomm_all_reduce(d, n, DCOMM_FLOAT32, DCOMM_SUM, NULL);
+  double per = (now() - t0) / iters, algbw = (double)(n * 4) / per / 1e9;
+  result(rc == 0, "bandwidth loop: rc %s", rctext(rc));
+  if (rc == 0 && me == 0)
+    figure("all_reduce 64 MiB: %.3f ms per call, algbw %.1f GB/s, busbw %.1f GB/s", per * 1e3, algbw,
+           np > 1 ? algbw * 2.0 * (np - 1) / np : algbw);
+  cudaFree(d);
+}
+
+static int do_init(int port) {
+  char method[128];
+  if (multi) {
+    char p[16];
+    snprintf(p, sizeof(p), "%d", port);
+    setenv("MASTER_PORT", p, 1);
+    snprintf(method, sizeof(method), "env://");
+  } else {
+    snprintf(method, sizeof(method), "tcp://127.0.0.1:%d?rank=0&world_size=1", port);
+  }
+  return dcomm_init("nccl", method);
+}
+
+/* A timeout far below the op's run time forces the backend to abort; the
+ * world is then finalized and initialized again. */
+static void abort_cycle(void) {
+  size_t n = (256u << 20) / 4; /* 256 MiB per rank */
+  float *ds = dalloc(n * 4), *dr = dalloc(n * 4 * (size_t)np);
+  cu(cudaMemset(ds, 1, n * 4), "cudaMemset");
+  int rc = dcomm_group_set_timeout(NULL, 1e-6);
+  result(rc == 0, "set a 1 us timeout on the world: rc %s", rctext(rc));
+  double t0 = now();
+  rc = dcomm_all_gather(ds, dr, n, DCOMM_FLOAT32, NULL);
+  double t_to = now() - t0;
+  result(rc == DCOMM_ETIMEDOUT, "all_gather of 256 MiB under a 1 us timeout times out: rc %s, %.3f s", rctext(rc), t_to);
+  t0 = now();
+  rc = dcomm_barrier(NULL);
+  double t_later = now() - t0;
+  result(rc < 0 && t_later < 1.0, "a later barrier fails at once: rc %s, %.3f s", rctext(rc), t_later);
+  result(rc == DCOMM_EREVOKED, "... with DCOMM_EREVOKED: rc %s", rctext(rc));
+  cudaFree(ds);
+  cudaFree(dr);
+  t0 = now();
+  rc = dcomm_finalize();
+  double t_fin = now() - t0;
+  result(rc == 0, "finalize after the abort: rc %s, %.3f s", rctext(rc), t_fin);
+  t0 = now();
+  rc = do_init(base_port + 1);
+  double t_init = now() - t0;
+  result(rc == 0, "init again (store port %d): rc %s, %.3f s", base_port + 1, rctext(rc), t_init);
+  if (rc != 0) return;
+  int *d = dalloc(4), v = me + 1;
+  up(d, &v, 4);
+  rc = dcomm_all_reduce(d, 1, DCOMM_INT32, DCOMM_SUM, NULL);
+  down(&v, d, 4);
+  result(rc == 0 && v == np * (np + 1) / 2, "all_reduce after the new init: rc %s, got %d want %d", rctext(rc), v,
+         np * (np + 1) / 2);
+  cudaFree(d);
+  if (me == 0)
+    figure("abort cycle: timeout+abort %.1f ms, later op %.3f ms, finalize %.1f ms, new init %.1f ms", t_to * 1e3,
+           t_later * 1e3, t_fin * 1e3, t_init * 1e3);
+}
+
+int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  if (argc > 1 && !strcmp(argv[1], "--count-devices")) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+      fprintf(stderr, "cudaGetDeviceCount: %s\n", cudaGetErrorString(e));
+      n = 0;
+    }
+    printf("%d\n", n);
+    return 0;
+  }
+  const char *ws = getenv("WORLD_SIZE");
+  multi = ws && atoi(ws) > 1 && getenv("MASTER_ADDR");
+  if (multi) {
+    me = getenv("RANK") ? atoi(getenv("RANK")) : 0;
+    np = atoi(ws);
+    base_port = getenv("MASTER_PORT") ? atoi(getenv("MASTER_PORT")) : 29500;
+  } else {
+    base_port = getenv("GPU_COLL_PORT") ? atoi(getenv("GPU_COLL_PORT")) : 29531;
+  }
+  double t0 = now();
+  int rc = do_init(base_port);
+  double t_init = now() - t0;
+  result(rc == 0, "dcomm_init(\"nccl\", %s): rc %s, %.3f s", multi ? "env://" : "tcp://127.0.0.1", rctext(rc), t_init);
+  if (rc != 0) finish();
+  const char *bn = dcomm_backend_name();
+  result(bn && !strcmp(bn, "nccl") && dcomm_rank() == me && dcomm_world_size() == np,
+         "backend %s, rank %d of %d, local rank %d", bn ? bn : "(null)", dcomm_rank(), dcomm_world_size(),
+         dcomm_local_rank());
+  if (me == 0) figure("init of a world of %d: %.3f s", np, t_init);
+
+  check_dtypes();
+  check_ops();
+  check_broadcast();
+  check_gathers();
+  check_barrier_p2p();
+  check_bad_buffers();
+  check_groups();
+  figures();
+  abort_cycle();
+  if (dcomm_initialized()) {
+    rc = dcomm_finalize();
+    result(rc == 0, "final dcomm_finalize: rc %s", rctext(rc));
+  }
+  finish();
+  return 0;
+}

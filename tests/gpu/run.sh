@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# tests/gpu/run.sh: the GPU checks of the nccl backend, for a machine with a
+# CUDA GPU (not part of "make check"). Builds the tree if needed
+# (./autogen.sh, ./configure, make), compiles tests/gpu/gpu_coll.c against
+# the public API, runs it as a world of 1 and, with 2 or more GPUs, as one
+# process per GPU through env://. Everything runs under `timeout` within
+# GPU_CHECK_BUDGET seconds (default 300). The last line is
+#   GPU checks: N passed, M failed
+# Exit: 0 all passed, 1 something failed, 77 no GPU (only the no-GPU error
+# was checked).
+set -u
+
+cd "$(dirname "$0")/../.." || exit 1
+ROOT=$PWD
+CUDA=${CUDA_HOME:-/usr/local/cuda}
+BUDGET=${GPU_CHECK_BUDGET:-300}
+END=$((SECONDS + BUDGET))
+LOGDIR=$(mktemp -d /tmp/dcomm-gpu.XXXXXX)
+PASS=0
+FAIL=0
+
+left() { # seconds left in the budget, capped by $1 if given
+  local l=$((END - SECONDS))
+  [ "$l" -lt 1 ] && l=1
+  if [ $# -gt 0 ] && [ "$1" -lt "$l" ]; then l=$1; fi
+  echo "$l"
+}
+ok() { PASS=$((PASS + 1)); echo "ok   $*"; }
+bad() { FAIL=$((FAIL + 1)); echo "FAIL $*"; }
+finish() {
+  echo "logs: $LOGDIR"
+  echo "GPU checks: $PASS passed, $FAIL failed${1:+ ($1)}"
+  if [ $# -gt 0 ] && [ "$1" = "no GPU" ]; then exit 77; fi
+  [ "$FAIL" -eq 0 ]
+  exit $?
+}
+# Adds the "[rank R] GPU checks: N passed, M failed" line of a log to the
+# totals; a log without it counts as one failure.
+tally() {
+  local log=$1 what=$2 rc=$3 line n m
+  line=$(grep -E 'GPU checks: [0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
+  if [ -z "$line" ]; then
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then bad "$what: killed by timeout (no summary)"
+    else bad "$what: exited $rc without a summary"; fi
+    return
+  fi
+  n=$(echo "$line" | sed -E 's/.*GPU checks: ([0-9]+) passed.*/\1/')
+  m=$(echo "$line" | sed -E 's/.*passed, ([0-9]+) failed.*/\1/')
+  PASS=$((PASS + n))
+  FAIL=$((FAIL + m))
+  [ "$rc" -eq 124 ] && bad "$what: killed by timeout"
+  echo "---- $what: $n passed, $m failed (exit $rc)"
+}
+
+# 1. Build if needed.
+if [ ! -f .libs/libdcomm.so ] || [ ! -f .libs/dcomm_nccl.so ]; then
+  echo "building (log: $LOGDIR/build.log)"
+  if [ ! -x configure ]; then
+    timeout "$(left 120)" ./autogen.sh >>"$LOGDIR/build.log" 2>&1 || { bad "./autogen.sh"; tail -n 20 "$LOGDIR/build.log"; finish; }
+  fi
+  # Automake writes "HAVE_NCCL_TRUE = " (empty) when the nccl module is enabled.
+  if [ ! -f Makefile ] || ! grep -qE '^HAVE_NCCL_TRUE = *$' Makefile; then
+    timeout "$(left 120)" ./configure --with-cuda="$CUDA" >>"$LOGDIR/build.log" 2>&1 || { bad "./configure"; tail -n 20 "$LOGDIR/build.log"; finish; }
+  fi
+  if ! grep -qE '^HAVE_NCCL_TRUE = *$' Makefile; then
+    bad "configure did not enable the nccl backend: $(grep -E 'nccl backend' "$LOGDIR/build.log" | tail -n 1)"
+    finish
+  fi
+  timeout "$(left 240)" make -j"$(nproc)" >>"$LOGDIR/build.log" 2>&1 || { bad "make"; tail -n 30 "$LOGDIR/build.log"; finish; }
+fi
+if [ -f .libs/libdcomm.so ] && [ -f .libs/dcomm_nccl.so ]; then ok "build: .libs/libdcomm.so and .libs/dcomm_nccl.so"
+else bad "build: .libs/libdcomm.so or .libs/dcomm_nccl.so missing"; finish; fi
+if nm -D .libs/dcomm_nccl.so 2>/dev/null | grep -qE ' D dcomm_backend_v1$'; then ok "dcomm_nccl.so exports dcomm_backend_v1"
+else bad "dcomm_nccl.so does not export dcomm_backend_v1"; fi
+
+# 2. Compile the check program against the public API.
+if timeout "$(left 60)" gcc -I src -I "$CUDA/include" tests/gpu/gpu_coll.c -L.libs -ldcomm -L"$CUDA/lib64" -lcudart \
+  -Wl,-rpath,"$PWD/.libs" -o /tmp/gpu_coll >"$LOGDIR/compile.log" 2>&1; then
+  ok "compile tests/gpu/gpu_coll.c"
+else
+  bad "compile tests/gpu/gpu_coll.c"; cat "$LOGDIR/compile.log"; finish
+fi
+
+export LD_LIBRARY_PATH="$CUDA/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export DCOMM_PLUGIN_PATH="$ROOT/.libs"
+export DCOMM_TIMEOUT=${DCOMM_TIMEOUT:-60}
+export DCOMM_CONNECT_TIMEOUT=${DCOMM_CONNECT_TIMEOUT:-30}
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT DCOMM_INIT_METHOD
+
+# 3. How many GPUs.
+NDEV=$(timeout "$(left 30)" /tmp/gpu_coll --count-devices 2>"$LOGDIR/devices.log" | tail -n 1)
+case "$NDEV" in '' | *[!0-9]*) NDEV=0 ;; esac
+command -v nvidia-smi >/dev/null 2>&1 && timeout "$(left 20)" nvidia-smi -L 2>/dev/null | sed 's/^/  /'
+echo "CUDA devices: $NDEV $(cat "$LOGDIR/devices.log" 2>/dev/null)"
+if [ "$NDEV" -eq 0 ]; then
+  # Without a GPU the backend must refuse clearly, not pretend.
+  out=$(timeout "$(left 60)" ./dcomm-info 2>&1 || true)
+  echo "$out" | grep -i nccl | sed 's/^/  /'
+  if echo "$out" | grep -q 'no CUDA device'; then ok "dcomm-info names the missing GPU"; else bad "dcomm-info does not say 'no CUDA device'"; fi
+  finish "no GPU"
+fi
+
+# 4. World of 1.
+PORT=$((29500 + RANDOM % 2000))
+GPU_COLL_PORT=$PORT timeout "$(left 150)" /tmp/gpu_coll >"$LOGDIR/world1.log" 2>&1
+rc=$?
+cat "$LOGDIR/world1.log"
+tally "$LOGDIR/world1.log" "world of 1" "$rc"
+
+# 5. One process per GPU.
+if [ "$NDEV" -ge 2 ]; then
+  N=$NDEV
+  MAXR=${GPU_CHECK_MAX_RANKS:-8}
+  [ "$N" -gt "$MAXR" ] && N=$MAXR
+  PORT=$((31500 + RANDOM % 2000))
+  T=$(left 150)
+  pids=()
+  for ((r = 0; r < N; r++)); do
+    RANK=$r LOCAL_RANK=$r WORLD_SIZE=$N LOCAL_WORLD_SIZE=$N MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT \
+      timeout "$T" /tmp/gpu_coll >"$LOGDIR/rank$r.log" 2>&1 &
+    pids+=($!)
+  done
+  for ((r = 0; r < N; r++)); do
+    wait "${pids[$r]}"
+    rcs[r]=$?
+  done
+  for ((r = 0; r < N; r++)); do
+    cat "$LOGDIR/rank$r.log"
+    tally "$LOGDIR/rank$r.log" "world of $N, rank $r" "${rcs[$r]}"
+  done
+else
+  echo "skip: one GPU, no multi-process run"
+fi
+
+finish
