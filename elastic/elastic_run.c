@@ -17,6 +17,7 @@
 #include "param.h"
 #include "runtime.h"
 #include "sock.h"
+#include "store.h"
 
 int dcomm_checkpoint_save(const char *dir, uint64_t step, const void *data, size_t len) {
   if (!dir || !*dir) return dcomm__err(DCOMM_EINVAL, "dcomm_checkpoint_save: no directory");
@@ -105,6 +106,27 @@ static int save(const dcomm_elastic_config_t *cfg, uint64_t step) {
   return rc;
 }
 
+/* Rank 0 looks for members waiting to join the next generation; the answer
+ * is broadcast so that every rank takes the same decision. 1: grow now. */
+static int joiners_waiting(int *grow) {
+  int32_t n = 0;
+  *grow = 0;
+  if (!dcomm__w.elastic) return 0;
+  if (dcomm_rank() == 0) {
+    char key[96];
+    int64_t v = 0;
+    snprintf(key, sizeof(key), "elastic/join/%ld/n", dcomm__w.generation + 1);
+    /* The world store carries this generation's prefix; the join keys have none. */
+    if (dcomm__store_set_prefix(dcomm__w.store, "") == 0 && dcomm__store_add(dcomm__w.store, key, 0, &v) == 0) n = (int32_t)v;
+    char prefix[64];
+    snprintf(prefix, sizeof(prefix), "g%ld/", dcomm__w.generation);
+    dcomm__store_set_prefix(dcomm__w.store, prefix);
+  }
+  DCOMM_CHECK(dcomm_broadcast(&n, 1, DCOMM_INT32, 0, NULL));
+  *grow = n > 0;
+  return 0;
+}
+
 int dcomm_elastic_run(const dcomm_elastic_config_t *cfg) {
   if (!cfg || cfg->size < sizeof(*cfg) || cfg->version != 1 || !cfg->step)
     return dcomm__err(DCOMM_EINVAL, "dcomm_elastic_run: config missing, of another version, or without a step callback");
@@ -114,15 +136,23 @@ int dcomm_elastic_run(const dcomm_elastic_config_t *cfg) {
   uint64_t step;
   int rc = restore(cfg, &step);
   for (long recoveries = 0;;) {
-    while (rc == 0 && step < cfg->total_steps) {
+    int grow = 0;
+    while (rc == 0 && step < cfg->total_steps && !grow) {
       rc = cfg->step(step, cfg->user);
-      if (rc == 0 && cfg->checkpoint_every && ((step + 1) % cfg->checkpoint_every == 0 || step + 1 == cfg->total_steps))
+      if (rc == 0 && cfg->checkpoint_every && ((step + 1) % cfg->checkpoint_every == 0 || step + 1 == cfg->total_steps)) {
         rc = save(cfg, step);
+        /* Scale up at a checkpoint: joiners enter the next generation. */
+        if (rc == 0 && step + 1 < cfg->total_steps) rc = joiners_waiting(&grow);
+      }
       if (rc == 0) step++;
     }
-    if (rc == 0) return 0;
-    if (!dcomm_elastic_recoverable(rc) || !dcomm__w.elastic || recoveries >= max_rec) return rc;
-    recoveries++;
+    if (rc == 0 && !grow) return 0;
+    if (grow) {
+      dcomm__err(0, "admitting members that wait to join");
+    } else if (!dcomm_elastic_recoverable(rc) || !dcomm__w.elastic || recoveries >= max_rec) {
+      return rc;
+    }
+    if (!grow) recoveries++;
     double t0 = dcomm__now();
     struct dcomm_membership_change ch = {.old_world_size = dcomm__w.size, .old_rank = dcomm__w.rank, .error = rc};
     DCOMM_LOG(WARN, ELASTIC, "failure detected at step %" PRIu64 ": %s", step, dcomm_last_error());

@@ -42,6 +42,7 @@ struct run_stream {
 };
 
 struct run_worker {
+  int local_rank;
   int rank; /* launch rank: 0..N-1, replacements N, N+1, ... */
   pid_t pid;
   char member[40]; /* DCOMM_MEMBER_ID (uuid) */
@@ -62,6 +63,7 @@ struct run_env {
   const char *token;
   const char *job_id;
   int world;         /* WORLD_SIZE = LOCAL_WORLD_SIZE */
+  int local_rank;    /* LOCAL_RANK: a replacement takes its predecessor's slot */
   int restart_count; /* DCOMM_RESTART_COUNT */
   int max_restarts;
 };

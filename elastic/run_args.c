@@ -4,7 +4,6 @@
  * both forms (--opt value, --opt=value). The program starts at "--" or at
  * the first argument that is not an option.
  */
-#define _GNU_SOURCE
 #include "config.h"
 #include "run.h"
 

@@ -12,7 +12,6 @@
  * itself never interleave mid-line. A line longer than RUN_MAX_LINE is cut
  * into pieces of that size.
  */
-#define _GNU_SOURCE
 #include "config.h"
 #include "run.h"
 
@@ -225,7 +224,7 @@ static int build_env(struct envbuf *e, int rank, int join, const char *member, c
   for (char **p = environ; p && *p; p++)
     if (!is_owned(*p)) env_push(e, strdup(*p));
   env_setf(e, "RANK=%d", rank);
-  env_setf(e, "LOCAL_RANK=%d", rank);
+  env_setf(e, "LOCAL_RANK=%d", re->local_rank);
   env_setf(e, "WORLD_SIZE=%d", re->world);
   env_setf(e, "LOCAL_WORLD_SIZE=%d", re->world);
   env_setf(e, "GROUP_RANK=0");

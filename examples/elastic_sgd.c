@@ -4,7 +4,9 @@
  * split over whichever ranks are alive, all_reduces the gradient, runs one
  * extra collective on a sub-group (even / odd world ranks), and checkpoints
  * every K steps. Run it under dcomm-run; --kill-rank R --kill-at-step S
- * makes that rank SIGKILL itself once, to show the job going on.
+ * makes that rank SIGKILL itself once, to show the job going on
+ * (--kill-in-save 1: inside rank 0's checkpoint save of that step;
+ * --kill-in-recovery R: rank R of the rebuilt world dies during recovery).
  *
  *   dcomm-run --nproc-per-node 4 -- examples/elastic_sgd --steps 200 \
  *       --checkpoint-every 10 --checkpoint-dir /tmp/ckpt --kill-rank 2 --kill-at-step 57
@@ -35,10 +37,14 @@ struct state {
 struct app {
   struct state st;
   dcomm_group_t parity; /* even / odd world ranks of generation 0 */
+  int has_parity;       /* a member that joined later has no such group */
   double lr;
-  int kill_rank;
+  char kill_ranks[64]; /* comma-separated ranks that die at kill_at */
   long kill_at;
+  int kill_in_save;     /* die inside the checkpoint save instead */
+  int kill_in_recovery; /* this rank (of the new world) dies while recovering */
   int every;
+  int sleep_ms; /* per step, to make room for a demo's SIGSTOP */
 };
 
 /* Sample i of the stream: features and target from a fixed generator. */
@@ -57,14 +63,33 @@ static double target(uint64_t i) {
   return y;
 }
 
+/* The demo's failure injection: only the first incarnation of the job
+ * (generation 0, not a restart or a replacement) dies. */
+static int first_life(void) {
+  const char *rc = getenv("DCOMM_RESTART_COUNT");
+  return dcomm_generation() == 0 && !getenv("DCOMM_ELASTIC_JOIN") && (!rc || !strcmp(rc, "0"));
+}
+
+static int marked(const char *list, int rank) {
+  char buf[64];
+  snprintf(buf, sizeof(buf), "%s", list);
+  for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
+    if (atoi(t) == rank) return 1;
+  return 0;
+}
+
+static void maybe_die(struct app *a, uint64_t step, const char *where) {
+  if ((long)step == a->kill_at && first_life() && marked(a->kill_ranks, dcomm_rank())) {
+    fprintf(stderr, "rank %d: killing myself at step %llu (%s)\n", dcomm_rank(), (unsigned long long)step, where);
+    raise(SIGKILL);
+  }
+}
+
 static int step_fn(uint64_t step, void *user) {
   struct app *a = user;
   int rank = dcomm_rank(), size = dcomm_world_size();
-  if (a->kill_rank == rank && (long)step == a->kill_at && dcomm_generation() == 0 && !getenv("DCOMM_ELASTIC_JOIN") &&
-      (!getenv("DCOMM_RESTART_COUNT") || !strcmp(getenv("DCOMM_RESTART_COUNT"), "0"))) {
-    fprintf(stderr, "rank %d: killing myself at step %llu (--kill-rank)\n", rank, (unsigned long long)step);
-    raise(SIGKILL);
-  }
+  if (!a->kill_in_save) maybe_die(a, step, "--kill-rank");
+  if (a->sleep_ms > 0) usleep((useconds_t)a->sleep_ms * 1000);
   /* This rank's share of the step's batch. */
   int lo = BATCH * rank / size, hi = BATCH * (rank + 1) / size;
   double g[DIM + 2] = {0}; /* gradient, loss sum, sample count */
@@ -85,7 +110,7 @@ static int step_fn(uint64_t step, void *user) {
   }
   /* The extra sub-group collective: each parity group counts its samples. */
   double mine = hi - lo;
-  if (dcomm_group_size(a->parity) > 0 && dcomm_group_rank(a->parity) >= 0) {
+  if (a->has_parity && dcomm_group_rank(a->parity) >= 0) {
     rc = dcomm_all_reduce(&mine, 1, DCOMM_FLOAT64, DCOMM_SUM, a->parity);
     if (rc < 0) return rc;
   }
@@ -100,6 +125,7 @@ static int step_fn(uint64_t step, void *user) {
 
 static int save_fn(void **data, size_t *len, void *user) {
   struct app *a = user;
+  if (a->kill_in_save) maybe_die(a, a->st.step, "--kill-in-save");
   *data = malloc(sizeof(a->st));
   if (!*data) return DCOMM_ENOMEM;
   memcpy(*data, &a->st, sizeof(a->st));
@@ -119,6 +145,11 @@ static int load_fn(const void *data, size_t len, uint64_t step, void *user) {
 }
 
 static void changed(const struct dcomm_membership_change *c, void *user) {
+  struct app *a = user;
+  if (c->generation == 1 && a->kill_in_recovery == dcomm_rank() && !getenv("DCOMM_ELASTIC_JOIN")) {
+    fprintf(stderr, "rank %d: killing myself during recovery (--kill-in-recovery)\n", dcomm_rank());
+    raise(SIGKILL);
+  }
   if (dcomm_rank() == 0)
     printf("recovered: world %d -> %d, generation %ld, in %.3f s, resuming at step %llu (%s)\n", c->old_world_size,
            c->new_world_size, c->generation, c->recovery_seconds, (unsigned long long)c->resume_step,
@@ -129,12 +160,13 @@ static void changed(const struct dcomm_membership_change *c, void *user) {
 static void usage(void) {
   fprintf(stderr,
           "usage: elastic_sgd --steps N --checkpoint-every K --checkpoint-dir DIR [--lr X]\n"
-          "                   [--kill-rank R --kill-at-step S]\n");
+          "                   [--kill-rank R[,R...] --kill-at-step S [--kill-in-save 1]] [--kill-in-recovery R]\n"
+          "                   [--sleep-ms MS]\n");
   exit(2);
 }
 
 int main(int argc, char **argv) {
-  struct app a = {.lr = 0.05, .kill_rank = -1, .kill_at = -1};
+  struct app a = {.lr = 0.05, .kill_at = -1, .kill_in_recovery = -1};
   long steps = 100;
   const char *dir = NULL;
   for (int i = 1; i < argc; i++) {
@@ -143,7 +175,10 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--checkpoint-every")) a.every = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--checkpoint-dir")) dir = argv[++i];
     else if (!strcmp(argv[i], "--lr")) a.lr = atof(argv[++i]);
-    else if (!strcmp(argv[i], "--kill-rank")) a.kill_rank = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--sleep-ms")) a.sleep_ms = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--kill-rank")) snprintf(a.kill_ranks, sizeof(a.kill_ranks), "%s", argv[++i]);
+    else if (!strcmp(argv[i], "--kill-in-save")) a.kill_in_save = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--kill-in-recovery")) a.kill_in_recovery = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--kill-at-step")) a.kill_at = atol(argv[++i]);
     else usage();
   }
@@ -154,10 +189,16 @@ int main(int argc, char **argv) {
     fprintf(stderr, "elastic_sgd: dcomm_init: %s: %s\n", dcomm_error_name(rc), dcomm_last_error());
     return 1;
   }
-  rc = dcomm_group_split(NULL, dcomm_rank() % 2, 0, &a.parity);
-  if (rc < 0) {
-    fprintf(stderr, "elastic_sgd: split: %s\n", dcomm_last_error());
-    return 1;
+  /* The sub-group lives across generations: recovery rebuilds it from its
+   * members' ids, shrinking it when members die. A joiner was not there
+   * when it was made, so it is not in it. */
+  if (!getenv("DCOMM_ELASTIC_JOIN")) {
+    rc = dcomm_group_split(NULL, dcomm_rank() % 2, 0, &a.parity);
+    if (rc < 0) {
+      fprintf(stderr, "elastic_sgd: split: %s\n", dcomm_last_error());
+      return 1;
+    }
+    a.has_parity = 1;
   }
   dcomm_elastic_config_t cfg = DCOMM_ELASTIC_CONFIG_INIT;
   cfg.total_steps = (uint64_t)steps;

@@ -22,7 +22,6 @@ int dcomm__run_op(struct dcomm_group *grp, struct dcomm_coll_args *a, const char
   int rc = dcomm__w.be->post(grp->bcomm, a, &req);
   if (rc == 0) rc = dcomm__w.be->wait(req);
   if (rc < 0) {
-    if (!grp->broken && rc != DCOMM_EINVAL && rc != DCOMM_ENOTSUP) grp->broken = rc;
     dcomm__err_ctx(rc, "%s on %s (rank %d of %d)", what, grp->label, grp->rank, grp->size);
     DCOMM_LOG(WARN, COLL, "%s", dcomm_last_error());
   }

@@ -70,6 +70,8 @@ struct dcomm_host {
   void (*log)(int level, int subsys, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
   int (*err)(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
   const char *(*param)(const char *name); /* raw value of a DCOMM_* variable or its default */
+  int (*parse_size)(const char *s, size_t *out); /* the core's parsers: 0 or DCOMM_EINVAL */
+  int (*parse_bool)(const char *s, int *out);
   int (*store_set)(void *store, const char *key, const void *val, size_t len);
   int (*store_get)(void *store, const char *key, double timeout, void **val, size_t *len);
   void (*reduce)(void *dst, const void *src, size_t count, dcomm_dtype_t dt, dcomm_op_t op);
@@ -93,7 +95,7 @@ struct dcomm_backend_v1 {
   int (*finalize)(void *ctx);
   /* Collective over the members of spec; every member calls it. */
   int (*comm_create)(void *ctx, const struct dcomm_comm_spec *spec, void **comm);
-  /* Clean release (after a failure the core calls comm_abort first). */
+  /* Release; must also work on a comm that failed or was aborted. */
   int (*comm_destroy)(void *comm);
   /* Callable from any thread: every pending and later op on comm returns
    * reason (DCOMM_EREVOKED or DCOMM_EPEERLOST) promptly. */

@@ -15,6 +15,11 @@
 #include "error.h"
 #include "log.h"
 #include "sock.h"
+#include "store.h"
+
+/* Handed out when a group cannot be created: every call refuses it, so a
+ * caller who ignores the error does not silently use the world (NULL). */
+static struct dcomm_group invalid_group = {.label = "invalid group"};
 
 int dcomm__group_resolve(dcomm_group_t g, int need_member, struct dcomm_group **out) {
   if (!dcomm__w.initialized) return dcomm__err(DCOMM_ENOTINIT, "dcomm is not initialized (call dcomm_init first)");
@@ -53,7 +58,7 @@ void dcomm__group_release(struct dcomm_group *grp) {
 }
 
 /* Makes a group from world ranks (already validated); connects if member. */
-static int make_group(uint64_t id, const int *world_ranks, int n, const char *kind, dcomm_group_t *out) {
+static int make_group(uint64_t id, const int *world_ranks, int n, double timeout, const char *kind, dcomm_group_t *out) {
   struct dcomm_group *grp = calloc(1, sizeof(*grp));
   if (!grp) return dcomm__err(DCOMM_ENOMEM, "%s: out of memory", kind);
   grp->world_ranks = malloc(sizeof(int) * (size_t)(n ? n : 1));
@@ -65,7 +70,7 @@ static int make_group(uint64_t id, const int *world_ranks, int n, const char *ki
   grp->id = id;
   grp->size = n;
   grp->rank = -1;
-  grp->timeout = dcomm__w.world.timeout;
+  grp->timeout = timeout;
   for (int i = 0; i < n; i++)
     if (world_ranks[i] == dcomm__w.rank) grp->rank = i;
   grp->is_member = grp->rank >= 0;
@@ -78,8 +83,10 @@ static int make_group(uint64_t id, const int *world_ranks, int n, const char *ki
       return rc;
     }
   }
+  pthread_mutex_lock(&dcomm__w.lock); /* the elastic watcher walks the list */
   grp->next = dcomm__w.groups;
   dcomm__w.groups = grp;
+  pthread_mutex_unlock(&dcomm__w.lock);
   DCOMM_LOG(INFO, GROUP, "%s: %s of %d ranks, my rank %d", kind, grp->label, n, grp->rank);
   *out = grp;
   return 0;
@@ -89,7 +96,7 @@ int dcomm_new_group(const int *world_ranks, int n, dcomm_group_t *group) {
   struct dcomm_group *world;
   DCOMM_CHECK(dcomm__group_resolve(NULL, 1, &world));
   if (!group) return dcomm__err(DCOMM_EINVAL, "dcomm_new_group: group is NULL");
-  *group = NULL;
+  *group = &invalid_group;
   if (n < 1 || n > dcomm__w.size || !world_ranks)
     return dcomm__err(DCOMM_EINVAL, "dcomm_new_group: %d ranks requested from a world of %d", n, dcomm__w.size);
   char *seen = calloc((size_t)dcomm__w.size, 1);
@@ -106,7 +113,7 @@ int dcomm_new_group(const int *world_ranks, int n, dcomm_group_t *group) {
   free(seen);
   uint64_t serial = dcomm__w.new_groups++;
   uint64_t id = dcomm__hash64(world->id ^ (serial * 0x9e3779b97f4a7c15ull), world_ranks, sizeof(int) * (size_t)n);
-  return make_group(id, world_ranks, n, "new_group", group);
+  return make_group(id, world_ranks, n, world->timeout, "new_group", group);
 }
 
 struct split_entry {
@@ -119,12 +126,33 @@ static int cmp_split(const void *a, const void *b) {
   return x->parent_rank < y->parent_rank ? -1 : x->parent_rank > y->parent_rank;
 }
 
+/* Every member of p publishes (color, key) and reads everyone's. */
+static int split_exchange(struct dcomm_group *p, int32_t color, int32_t key, int32_t *all) {
+  char k[96];
+  int32_t mine[2] = {color, key};
+  snprintf(k, sizeof(k), "split/%016llx/%llu/%d", (unsigned long long)p->id, (unsigned long long)p->splits, p->rank);
+  DCOMM_CHECK(dcomm__store_set(dcomm__w.store, k, mine, sizeof(mine)));
+  for (int r = 0; r < p->size; r++) {
+    void *val = NULL;
+    size_t len = 0;
+    snprintf(k, sizeof(k), "split/%016llx/%llu/%d", (unsigned long long)p->id, (unsigned long long)p->splits, r);
+    int rc = dcomm__store_get(dcomm__w.store, k, p->timeout, &val, &len);
+    if (rc < 0) return dcomm__err_ctx(rc, "dcomm_group_split: rank %d of %s never called split", r, p->label);
+    if (len != sizeof(mine)) {
+      free(val);
+      return dcomm__err(DCOMM_EPROTO, "dcomm_group_split: malformed entry of rank %d", r);
+    }
+    memcpy(all + 2 * r, val, sizeof(mine));
+    free(val);
+  }
+  return 0;
+}
+
 int dcomm_group_split(dcomm_group_t parent, int color, int key, dcomm_group_t *group) {
   struct dcomm_group *p;
   DCOMM_CHECK(dcomm__group_resolve(parent, 1, &p));
   if (!group) return dcomm__err(DCOMM_EINVAL, "dcomm_group_split: group is NULL");
-  *group = NULL;
-  int32_t mine[2] = {color < 0 ? -1 : color, key};
+  *group = &invalid_group;
   int32_t *all = malloc(sizeof(int32_t) * 2 * (size_t)p->size);
   struct split_entry *ent = malloc(sizeof(*ent) * (size_t)p->size);
   int *members = malloc(sizeof(int) * (size_t)p->size);
@@ -132,9 +160,9 @@ int dcomm_group_split(dcomm_group_t parent, int color, int key, dcomm_group_t *g
     free(all), free(ent), free(members);
     return dcomm__err(DCOMM_ENOMEM, "dcomm_group_split: out of memory");
   }
-  struct dcomm_coll_args a = {.coll = DCOMM_COLL_ALL_GATHER, .sendbuf = mine, .recvbuf = all, .count = 2,
-                              .dtype = DCOMM_INT32};
-  int rc = dcomm__run_op(p, &a, "group_split");
+  /* Colors and keys travel through the store, not the backend: a GPU
+   * backend's collectives take device memory only. */
+  int rc = split_exchange(p, color < 0 ? -1 : color, key, all);
   int n = 0;
   if (rc == 0 && color >= 0) {
     for (int i = 0; i < p->size; i++)
@@ -146,7 +174,7 @@ int dcomm_group_split(dcomm_group_t parent, int color, int key, dcomm_group_t *g
   if (rc == 0) {
     uint64_t seed = p->id ^ ((serial + 1) * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)(uint32_t)color << 32);
     uint64_t id = dcomm__hash64(seed, members, sizeof(int) * (size_t)n);
-    rc = make_group(id, members, n, "group_split", group); /* n is 0 for color < 0 */
+    rc = make_group(id, members, n, p->timeout, "group_split", group); /* n is 0 for color < 0 */
   }
   free(all), free(ent), free(members);
   return rc;
@@ -184,9 +212,11 @@ int dcomm_group_free(dcomm_group_t g) {
   struct dcomm_group *grp;
   if (!g) return dcomm__err(DCOMM_EINVAL, "dcomm_group_free: the world group cannot be freed (use dcomm_finalize)");
   DCOMM_CHECK(dcomm__group_resolve(g, 0, &grp));
+  pthread_mutex_lock(&dcomm__w.lock);
   struct dcomm_group **pp = &dcomm__w.groups;
   while (*pp != grp) pp = &(*pp)->next;
   *pp = grp->next;
+  pthread_mutex_unlock(&dcomm__w.lock);
   dcomm__group_release(grp);
   free(grp);
   return 0;
@@ -224,7 +254,7 @@ int dcomm__groups_rebuild(char (*old_members)[40], int old_size) {
     g->is_member = g->rank >= 0;
     g->id = dcomm__hash64(g->id ^ (uint64_t)w->generation, "rebuild", 7);
     g->seq = 0;
-    g->broken = 0;
+    g->splits = 0;
     if (g->is_member) rc = dcomm__group_connect(g);
     DCOMM_LOG(INFO, GROUP, "rebuilt %s: %d members, my rank %d", g->label, g->size, g->rank);
   }

@@ -68,6 +68,8 @@ static int parse_port(const char *s, const char *what, int *port) {
  * host, so local = global) and checks every value against the others. */
 static int finish(struct dcomm_init_spec *s, const char *src) {
   int present;
+  /* A joiner's rank comes from the next generation's plan, not from RANK. */
+  if (dcomm__param_bool(DCOMM_P_ELASTIC_JOIN)) s->rank = 0;
   s->local_rank = s->rank;
   s->local_size = s->world_size;
   DCOMM_CHECK(env_int("LOCAL_WORLD_SIZE", &s->local_size, &present));

@@ -81,7 +81,7 @@ static int parse_one(int id, const char *s) {
     case DCOMM_PT_STR: strs[id] = s; return 0;
     case DCOMM_PT_INT: return dcomm__parse_long(s, &values[id].i);
     case DCOMM_PT_DOUBLE:
-      if (dcomm__parse_double(s, &values[id].d) || values[id].d < 0) return DCOMM_EINVAL;
+      if (dcomm__parse_double(s, &values[id].d) || !(values[id].d > 0)) return DCOMM_EINVAL;
       return 0;
     case DCOMM_PT_BOOL:
       if (dcomm__parse_bool(s, &b)) return DCOMM_EINVAL;

@@ -32,7 +32,7 @@ int dcomm__backend_load(const char *name, const struct dcomm_backend_v1 **be, vo
     return 0;
   }
   if (!valid_name(name)) return dcomm__err(DCOMM_EINVAL, "backend name '%s' is not valid", name);
-  const char *dirs[] = {dcomm__param_str(DCOMM_P_PLUGIN_PATH), DCOMM_BUILD_PLUGINDIR, DCOMM_PLUGINDIR};
+  const char *dirs[] = {dcomm__param_str(DCOMM_P_PLUGIN_PATH), DCOMM_PLUGINDIR};
   char path[1200], tried[2048] = "";
   const char *dlerr = NULL;
   for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++) {

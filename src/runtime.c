@@ -92,6 +92,8 @@ static void fill_host(struct dcomm_world *w) {
   h->log = host_log;
   h->err = host_err;
   h->param = dcomm__param_by_name;
+  h->parse_size = dcomm__parse_size;
+  h->parse_bool = dcomm__parse_bool;
   h->store_set = host_store_set;
   h->store_get = host_store_get;
   h->reduce = dcomm__reduce;
@@ -196,6 +198,7 @@ int dcomm__world_build(struct dcomm_world *w) {
     return rc;
   }
   struct dcomm_group *wg = &w->world;
+  w->new_groups = 0; /* group ids restart per generation, joiners included */
   double timeout = wg->timeout > 0 ? wg->timeout : dcomm__param_double(DCOMM_P_TIMEOUT);
   free(wg->world_ranks);
   memset(wg, 0, sizeof(*wg));

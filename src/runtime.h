@@ -23,7 +23,6 @@ struct dcomm_group {
   double timeout;   /* seconds per operation */
   uint64_t seq;     /* collectives issued so far */
   uint64_t splits;  /* dcomm_group_split calls on this group so far */
-  int broken;       /* first error that broke the communicator, or 0 */
   char label[32];
   struct dcomm_group *next;
 };

@@ -104,6 +104,10 @@ static int body_badgroups(int rank, int n, void *arg) {
   int dup[] = {0, 0}, out[] = {0, 7};
   MP_REQUIRE(dcomm_new_group(dup, 2, &g) == DCOMM_EINVAL, "duplicate ranks");
   MP_REQUIRE(strstr(dcomm_last_error(), "twice") != NULL, "message: %s", dcomm_last_error());
+  /* A failed creation does not hand back the world (NULL). */
+  float x = 1;
+  MP_REQUIRE(g != NULL && dcomm_all_reduce(&x, 1, DCOMM_FLOAT32, DCOMM_SUM, g) == DCOMM_EINVAL,
+             "the handle of a failed new_group must be refused");
   MP_REQUIRE(dcomm_new_group(out, 2, &g) == DCOMM_EINVAL, "rank out of range");
   MP_REQUIRE(dcomm_new_group(out, 0, &g) == DCOMM_EINVAL, "empty group");
   MP_REQUIRE(dcomm_group_free(NULL) == DCOMM_EINVAL, "world cannot be freed");

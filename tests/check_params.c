@@ -165,9 +165,10 @@ START_TEST(test_env_double) {
   ck_assert_double_eq(dcomm__param_double(DCOMM_P_TIMEOUT), 12.5);
   ck_assert_int_eq(load_with("DCOMM_TIMEOUT", "1e2"), 0);
   ck_assert_double_eq(dcomm__param_double(DCOMM_P_TIMEOUT), 100.0);
-  ck_assert_int_eq(load_with("DCOMM_CONNECT_TIMEOUT", "0"), 0);
-  ck_assert_double_eq(dcomm__param_double(DCOMM_P_CONNECT_TIMEOUT), 0.0);
-  /* A timeout cannot be negative or NaN. */
+  ck_assert_int_eq(load_with("DCOMM_CONNECT_TIMEOUT", "0.25"), 0);
+  ck_assert_double_eq(dcomm__param_double(DCOMM_P_CONNECT_TIMEOUT), 0.25);
+  /* A timeout must be positive: 0 would fail every call at once. */
+  ck_assert_int_eq(load_with("DCOMM_CONNECT_TIMEOUT", "0"), DCOMM_EINVAL);
   ck_assert_int_eq(load_with("DCOMM_TIMEOUT", "-1"), DCOMM_EINVAL);
   ck_assert_int_eq(load_with("DCOMM_TIMEOUT", "nan"), DCOMM_EINVAL);
   ck_assert_int_eq(load_with("DCOMM_TIMEOUT", "5s"), DCOMM_EINVAL);

@@ -24,13 +24,9 @@ struct tcp_req {
 };
 
 static size_t param_size(const struct dcomm_host *h, const char *name, size_t def) {
-  const char *v = h->param(name);
-  char *end;
-  if (!v || !*v) return def;
-  unsigned long long x = strtoull(v, &end, 10);
-  if (*end == 'K' || *end == 'k') x <<= 10;
-  else if (*end == 'M' || *end == 'm') x <<= 20;
-  return (size_t)x;
+  size_t v;
+  const char *s = h->param(name);
+  return s && h->parse_size(s, &v) == 0 ? v : def;
 }
 
 static int tcp_init(const struct dcomm_host *host, void **out) {
@@ -44,7 +40,7 @@ static int tcp_init(const struct dcomm_host *host, void **out) {
   ctx->small = param_size(host, "DCOMM_TCP_SMALL_THRESHOLD", 65536);
   ctx->bufsize = param_size(host, "DCOMM_TCP_BUFSIZE", 4194304);
   const char *cm = host->param("DCOMM_CHECK_MISMATCH");
-  ctx->check_mismatch = !(cm && (!strcmp(cm, "0") || !strcmp(cm, "false") || !strcmp(cm, "no") || !strcmp(cm, "off")));
+  if (!cm || host->parse_bool(cm, &ctx->check_mismatch) != 0) ctx->check_mismatch = 1;
   const char *algo = host->param("DCOMM_ALGO");
   if (algo && !strcmp(algo, "ring")) ctx->algo = 1;
   else if (algo && !strcmp(algo, "rd")) ctx->algo = 2;

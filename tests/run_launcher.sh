@@ -1,0 +1,144 @@
+#!/bin/bash
+# run_launcher.sh: end-to-end checks of dcomm-run, the launcher/agent, with
+# small shell workers: output prefixes and environment, policy all with
+# --max-restarts, SIGTERM forwarding, shrink after a SIGKILLed worker, and
+# replace with a joining replacement.
+# Environment: DCOMM_RUN (default ./dcomm-run). Every run is bounded by
+# timeout(1); anything started is stopped by its own pid.
+# Exit status: 0 pass, 1 fail, 77 skip (no dcomm-run, no timeout).
+
+# The worker bodies below are single-quoted on purpose: they expand in the worker.
+# shellcheck disable=SC2016
+
+DCOMM_RUN=${DCOMM_RUN:-./dcomm-run}
+
+if [ ! -x "$DCOMM_RUN" ]; then
+  echo "run_launcher: $DCOMM_RUN not found or not executable; skipping"
+  exit 77
+fi
+if ! command -v timeout >/dev/null 2>&1; then
+  echo "run_launcher: timeout(1) not found; skipping"
+  exit 77
+fi
+
+T=$(mktemp -d "${TMPDIR:-/tmp}/run_launcher.XXXXXX") || exit 1
+bg_pid=
+
+cleanup() {
+  [ -n "$bg_pid" ] && kill -KILL "$bg_pid" 2>/dev/null
+  for f in "$T"/pid*; do
+    [ -f "$f" ] || continue
+    p=$(cat "$f" 2>/dev/null)
+    case $p in '' | *[!0-9]*) ;; *) kill -KILL "$p" 2>/dev/null ;; esac
+  done
+  rm -rf "$T"
+}
+trap cleanup EXIT
+
+passed=0
+failed=0
+n=0
+
+result() { # result STATUS NAME [why]
+  n=$((n + 1))
+  if [ "$1" = 0 ]; then
+    echo "ok $n - $2"
+    passed=$((passed + 1))
+  else
+    echo "not ok $n - $2${3:+ ($3)}"
+    failed=$((failed + 1))
+    for f in "$T/out" "$T/err"; do
+      [ -s "$f" ] && sed "s/^/#   $(basename "$f"): /" "$f"
+    done
+  fi
+}
+
+# run_job ARGS...: runs dcomm-run bounded, output in $T/out and $T/err; sets rc.
+run_job() {
+  timeout -k 5 60 "$DCOMM_RUN" "$@" >"$T/out" 2>"$T/err" </dev/null
+  rc=$?
+}
+
+worker() { # worker NAME BODY: writes an executable bash script, prints its path
+  printf '#!/bin/bash\nT=%q\n%s\n' "$T" "$2" >"$T/$1"
+  chmod +x "$T/$1"
+  echo "$T/$1"
+}
+
+# ---- 1: three workers, prefixes and environment ----
+w=$(worker w1.sh 'echo hi $RANK $WORLD_SIZE $LOCAL_RANK; [ -n "$DCOMM_AUTH_TOKEN" ]')
+run_job --nproc-per-node 3 -- "$w"
+why=
+[ "$rc" = 0 ] || why="exit status $rc, expected 0"
+for r in 0 1 2; do
+  grep -qFx "[$r]: hi $r 3 $r" "$T/out" || why="${why:+$why; }no line '[$r]: hi $r 3 $r'"
+done
+result "$([ -z "$why" ]; echo $?)" "3 workers print prefixed lines with RANK, WORLD_SIZE, LOCAL_RANK" "$why"
+
+# ---- 2: policy all, --max-restarts 2: three launches, then exit 1 ----
+w=$(worker w2.sh 'echo "$DCOMM_RESTART_COUNT" >>"$T/count2"; exit 3')
+run_job --nproc-per-node 2 --restart-policy all --max-restarts 2 -- "$w"
+why=
+[ "$rc" = 1 ] || why="exit status $rc, expected 1"
+launches=$(sort -u "$T/count2" 2>/dev/null | tr '\n' ' ')
+[ "$launches" = "0 1 2 " ] || why="${why:+$why; }restart counts seen: '$launches', expected '0 1 2 '"
+result "$([ -z "$why" ]; echo $?)" "policy all restarts a failing job twice, then exits 1" "$why"
+
+# ---- 3: SIGTERM is forwarded; exit 143; no worker left ----
+w=$(worker w3.sh 'echo $$ >"$T/pid3.$RANK"; exec sleep 100')
+"$DCOMM_RUN" --nproc-per-node 3 -- "$w" >"$T/out" 2>"$T/err" </dev/null &
+bg_pid=$!
+why=
+for _ in $(seq 100); do
+  [ -s "$T/pid3.0" ] && [ -s "$T/pid3.1" ] && [ -s "$T/pid3.2" ] && break
+  sleep 0.1
+done
+[ -s "$T/pid3.0" ] && [ -s "$T/pid3.1" ] && [ -s "$T/pid3.2" ] || why="the workers did not start"
+kill -TERM "$bg_pid" 2>/dev/null
+gone=
+for _ in $(seq 150); do
+  if ! kill -0 "$bg_pid" 2>/dev/null; then gone=1; break; fi
+  sleep 0.1
+done
+if [ -n "$gone" ]; then
+  wait "$bg_pid"
+  rc=$?
+  [ "$rc" = 143 ] || why="${why:+$why; }exit status $rc, expected 143"
+else
+  kill -KILL "$bg_pid" 2>/dev/null
+  wait "$bg_pid" 2>/dev/null
+  why="${why:+$why; }still running 15 s after SIGTERM"
+fi
+bg_pid=
+for r in 0 1 2; do
+  p=$(cat "$T/pid3.$r" 2>/dev/null)
+  if [ -n "$p" ] && kill -0 "$p" 2>/dev/null; then why="${why:+$why; }worker $r (pid $p) still alive"; fi
+done
+result "$([ -z "$why" ]; echo $?)" "SIGTERM stops the job with 143 and leaves no worker" "$why"
+
+# ---- 4: shrink: a SIGKILLed worker, the others finish -> exit 0 ----
+w=$(worker w4.sh 'echo $$ >"$T/pid4.$RANK"; [ "$RANK" = 1 ] && kill -KILL $$; sleep 1; exit 0')
+run_job --nproc-per-node 3 --restart-policy shrink -- "$w"
+why=
+[ "$rc" = 0 ] || why="exit status $rc, expected 0"
+grep -qE 'worker 1 \(pid [0-9]+\) died \(killed by signal 9' "$T/err" || why="${why:+$why; }stderr does not name the death"
+result "$([ -z "$why" ]; echo $?)" "shrink: survivors of a SIGKILLed worker finish, exit 0" "$why"
+
+# ---- 5: replace: the first incarnation of rank 1 dies; the replacement joins ----
+w=$(worker w5.sh '
+if [ "$DCOMM_ELASTIC_JOIN" = 1 ]; then echo "$RANK" >"$T/joined5"; exit 0; fi
+if [ "$RANK" = 1 ] && [ ! -e "$T/died5" ]; then : >"$T/died5"; kill -KILL $$; fi
+sleep 2; exit 0')
+run_job --nproc-per-node 3 --restart-policy replace --max-restarts 2 -- "$w"
+why=
+[ "$rc" = 0 ] || why="exit status $rc, expected 0"
+[ -e "$T/died5" ] || why="${why:+$why; }the first incarnation did not run"
+if [ -s "$T/joined5" ]; then
+  [ "$(cat "$T/joined5")" = 3 ] || why="${why:+$why; }replacement got RANK $(cat "$T/joined5"), expected 3"
+else
+  why="${why:+$why; }no replacement with DCOMM_ELASTIC_JOIN=1 started"
+fi
+result "$([ -z "$why" ]; echo $?)" "replace: a replacement joins with DCOMM_ELASTIC_JOIN=1, exit 0" "$why"
+
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
