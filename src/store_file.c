@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "kvmap.h"
 #include "log.h"
 #include "param.h"
 #include "sock.h"
@@ -50,101 +51,6 @@
 #define POLL_MAX 0.050
 #define LOCK_GRACE 1.0 /* seconds */
 
-/* ---- the replayed map: a chained hash table ---- */
-
-struct entry {
-  struct entry *next;
-  uint64_t hash;
-  size_t klen, vlen;
-  unsigned char *val;
-  char key[];
-};
-
-struct map {
-  struct entry **b;
-  size_t nb, n;
-};
-
-static uint64_t hash_key(const char *k, size_t n) {
-  uint64_t h = 1469598103934665603ull; /* FNV-1a */
-  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)k[i]) * 1099511628211ull;
-  return h;
-}
-
-static struct entry *map_find(const struct map *m, const char *k, size_t kl) {
-  if (!m->nb) return NULL;
-  uint64_t h = hash_key(k, kl);
-  for (struct entry *e = m->b[h % m->nb]; e; e = e->next)
-    if (e->hash == h && e->klen == kl && memcmp(e->key, k, kl) == 0) return e;
-  return NULL;
-}
-
-static int map_grow(struct map *m) {
-  size_t nb = m->nb ? m->nb * 2 : 256;
-  struct entry **b = calloc(nb, sizeof(*b));
-  if (!b) return DCOMM_ENOMEM;
-  for (size_t i = 0; i < m->nb; i++)
-    for (struct entry *e = m->b[i], *nx; e; e = nx) {
-      nx = e->next;
-      e->next = b[e->hash % nb];
-      b[e->hash % nb] = e;
-    }
-  free(m->b);
-  m->b = b;
-  m->nb = nb;
-  return 0;
-}
-
-/* Takes ownership of val on success. */
-static int map_put(struct map *m, const char *k, size_t kl, unsigned char *val, size_t vl) {
-  struct entry *e = map_find(m, k, kl);
-  if (e) {
-    free(e->val);
-    e->val = val;
-    e->vlen = vl;
-    return 0;
-  }
-  if (m->n >= m->nb * 3 / 4 && map_grow(m) < 0) return DCOMM_ENOMEM;
-  e = malloc(sizeof(*e) + kl + 1);
-  if (!e) return DCOMM_ENOMEM;
-  e->hash = hash_key(k, kl);
-  e->klen = kl;
-  memcpy(e->key, k, kl);
-  e->key[kl] = 0;
-  e->val = val;
-  e->vlen = vl;
-  e->next = m->b[e->hash % m->nb];
-  m->b[e->hash % m->nb] = e;
-  m->n++;
-  return 0;
-}
-
-static int map_del(struct map *m, const char *k, size_t kl) {
-  if (!m->nb) return 0;
-  uint64_t h = hash_key(k, kl);
-  for (struct entry **pp = &m->b[h % m->nb]; *pp; pp = &(*pp)->next) {
-    struct entry *e = *pp;
-    if (e->hash == h && e->klen == kl && memcmp(e->key, k, kl) == 0) {
-      *pp = e->next;
-      free(e->val);
-      free(e);
-      m->n--;
-      return 1;
-    }
-  }
-  return 0;
-}
-
-static void map_free(struct map *m) {
-  for (size_t i = 0; i < m->nb; i++)
-    for (struct entry *e = m->b[i], *nx; e; e = nx) {
-      nx = e->next;
-      free(e->val);
-      free(e);
-    }
-  free(m->b);
-}
-
 /* ---- the handle ---- */
 
 struct file_store {
@@ -153,7 +59,7 @@ struct file_store {
   int fd;
   off_t off;          /* bytes of the file replayed into map */
   int torn;           /* the last replay stopped at a partial record */
-  struct map map;
+  struct dcomm_kvmap map;
   char path[];
 };
 
@@ -253,13 +159,13 @@ static int replay(struct file_store *fs) {
       return corrupt(fs, memchr(key, 0, kl) ? "NUL in key" : "checksum mismatch");
     }
     if (op == REC_SET) {
-      if (map_put(&fs->map, key, kl, val, vl) < 0) {
+      if (dcomm__kvmap_put(&fs->map, key, kl, val, vl) < 0) {
         free(val);
         return dcomm__err(DCOMM_ENOMEM, "file store: out of memory");
       }
     } else {
       free(val);
-      map_del(&fs->map, key, kl);
+      dcomm__kvmap_del(&fs->map, key, kl);
     }
     fs->off += REC_HDR + (off_t)kl + (off_t)vl;
   }
@@ -326,10 +232,10 @@ static int append(struct file_store *fs, int op, const char *key, const void *va
     fs->off += (off_t)n;
     if (op == REC_SET) {
       if (vl) memcpy(copy, val, vl);
-      if (map_put(&fs->map, key, kl, copy, vl) == 0) copy = NULL;
+      if (dcomm__kvmap_put(&fs->map, key, kl, copy, vl) == 0) copy = NULL;
       else rc = dcomm__err(DCOMM_ENOMEM, "file store: out of memory");
     } else {
-      map_del(&fs->map, key, kl);
+      dcomm__kvmap_del(&fs->map, key, kl);
     }
   }
   free(copy);
@@ -362,7 +268,7 @@ static int poll_keys(struct file_store *fs, const char *const *keys, int n, doub
   int have = 0;
   for (;;) {
     DCOMM_CHECK(refresh(fs, deadline));
-    while (have < n && map_find(&fs->map, keys[have], strlen(keys[have]))) have++;
+    while (have < n && dcomm__kvmap_find(&fs->map, keys[have], strlen(keys[have]))) have++;
     if (have == n) return 0;
     double left = deadline - dcomm__now();
     if (left <= 0)
@@ -380,7 +286,7 @@ static int file_get(struct dcomm_store *s, const char *key, double timeout, void
   pthread_mutex_lock(&fs->mu);
   int rc = poll_keys(fs, &key, 1, timeout, "get");
   if (rc == 0) {
-    struct entry *e = map_find(&fs->map, key, strlen(key));
+    struct dcomm_kv *e = dcomm__kvmap_find(&fs->map, key, strlen(key));
     *val = dup_bytes(e->val, e->vlen);
     *len = e->vlen;
     if (!*val) rc = dcomm__err(DCOMM_ENOMEM, "file store: out of memory");
@@ -411,7 +317,7 @@ static int file_add(struct dcomm_store *s, const char *key, int64_t delta, int64
   pthread_mutex_lock(&fs->mu);
   int rc = begin_write(fs);
   if (rc == 0) {
-    struct entry *e = map_find(&fs->map, key, strlen(key));
+    struct dcomm_kv *e = dcomm__kvmap_find(&fs->map, key, strlen(key));
     int64_t cur = 0, res = 0;
     if (e && parse_int64(e->val, e->vlen, &cur) < 0)
       rc = dcomm__err(DCOMM_EINVAL, "file store add: the value of '%.200s' is not a decimal integer", key);
@@ -438,10 +344,10 @@ static int file_compare_set(struct dcomm_store *s, const char *key, const void *
   int rc = begin_write(fs);
   if (rc == 0) {
     size_t kl = strlen(key);
-    struct entry *e = map_find(&fs->map, key, kl);
+    struct dcomm_kv *e = dcomm__kvmap_find(&fs->map, key, kl);
     int match = expected ? (e && e->vlen == elen && memcmp(e->val, expected, elen) == 0) : !e;
     if (match) rc = append(fs, REC_SET, key, desired, dlen);
-    e = map_find(&fs->map, key, kl);
+    e = dcomm__kvmap_find(&fs->map, key, kl);
     if (rc == 0 && e) {
       /* Absent and not created (expected given): *current stays NULL. */
       *current = dup_bytes(e->val, e->vlen);
@@ -467,7 +373,7 @@ static int file_del(struct dcomm_store *s, const char *key, int *existed) {
   pthread_mutex_lock(&fs->mu);
   int rc = begin_write(fs);
   if (rc == 0) {
-    *existed = map_find(&fs->map, key, strlen(key)) != NULL;
+    *existed = dcomm__kvmap_find(&fs->map, key, strlen(key)) != NULL;
     if (*existed) rc = append(fs, REC_DEL, key, NULL, 0);
     unlock_file(fs);
   }
@@ -478,7 +384,7 @@ static int file_del(struct dcomm_store *s, const char *key, int *existed) {
 static void file_close(struct dcomm_store *s) {
   struct file_store *fs = (struct file_store *)s;
   if (fs->fd >= 0) close(fs->fd);
-  map_free(&fs->map);
+  dcomm__kvmap_free(&fs->map);
   pthread_mutex_destroy(&fs->mu);
   free(fs);
 }

@@ -44,108 +44,12 @@
 #include "log.h"
 #include "param.h"
 #include "sock.h"
+#include "kvmap.h"
 #include "store_proto.h"
 
 /* Connections beyond this are closed at once rather than given a thread. */
 #define MAX_CONNS 4096
 #define CONN_STACK_SIZE (512 * 1024)
-
-/* ---- the key map: a chained hash table ---- */
-
-struct entry {
-  struct entry *next;
-  uint64_t hash;
-  size_t klen, vlen;
-  unsigned char *val;
-  char key[]; /* NUL-terminated */
-};
-
-struct map {
-  struct entry **b;
-  size_t nb, n;
-};
-
-static uint64_t hash_key(const char *k, size_t n) {
-  uint64_t h = 1469598103934665603ull; /* FNV-1a */
-  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)k[i]) * 1099511628211ull;
-  return h;
-}
-
-static struct entry *map_find(const struct map *m, const char *k, size_t kl) {
-  if (!m->nb) return NULL;
-  uint64_t h = hash_key(k, kl);
-  for (struct entry *e = m->b[h % m->nb]; e; e = e->next)
-    if (e->hash == h && e->klen == kl && memcmp(e->key, k, kl) == 0) return e;
-  return NULL;
-}
-
-static int map_grow(struct map *m) {
-  size_t nb = m->nb ? m->nb * 2 : 256;
-  struct entry **b = calloc(nb, sizeof(*b));
-  if (!b) return DCOMM_ENOMEM;
-  for (size_t i = 0; i < m->nb; i++)
-    for (struct entry *e = m->b[i], *nx; e; e = nx) {
-      nx = e->next;
-      e->next = b[e->hash % nb];
-      b[e->hash % nb] = e;
-    }
-  free(m->b);
-  m->b = b;
-  m->nb = nb;
-  return 0;
-}
-
-/* Stores val (taking ownership of the malloc'd buffer) under k. */
-static int map_put(struct map *m, const char *k, size_t kl, unsigned char *val, size_t vl) {
-  struct entry *e = map_find(m, k, kl);
-  if (e) {
-    free(e->val);
-    e->val = val;
-    e->vlen = vl;
-    return 0;
-  }
-  if (m->n >= m->nb * 3 / 4 && map_grow(m) < 0) return DCOMM_ENOMEM;
-  e = malloc(sizeof(*e) + kl + 1);
-  if (!e) return DCOMM_ENOMEM;
-  e->hash = hash_key(k, kl);
-  e->klen = kl;
-  memcpy(e->key, k, kl);
-  e->key[kl] = 0;
-  e->val = val;
-  e->vlen = vl;
-  e->next = m->b[e->hash % m->nb];
-  m->b[e->hash % m->nb] = e;
-  m->n++;
-  return 0;
-}
-
-static int map_del(struct map *m, const char *k, size_t kl) {
-  if (!m->nb) return 0;
-  uint64_t h = hash_key(k, kl);
-  for (struct entry **pp = &m->b[h % m->nb]; *pp; pp = &(*pp)->next) {
-    struct entry *e = *pp;
-    if (e->hash == h && e->klen == kl && memcmp(e->key, k, kl) == 0) {
-      *pp = e->next;
-      free(e->val);
-      free(e);
-      m->n--;
-      return 1;
-    }
-  }
-  return 0;
-}
-
-static void map_free(struct map *m) {
-  for (size_t i = 0; i < m->nb; i++)
-    for (struct entry *e = m->b[i], *nx; e; e = nx) {
-      nx = e->next;
-      free(e->val);
-      free(e);
-    }
-  free(m->b);
-  m->b = NULL;
-  m->nb = m->n = 0;
-}
 
 /* ---- server state ---- */
 
@@ -167,7 +71,7 @@ struct dcomm_store_server {
   int stopping;
   int nconns;
   struct conn *conns;
-  struct map map;
+  struct dcomm_kvmap map;
   char *job_id, *token;
 };
 
@@ -344,7 +248,7 @@ static int do_set(struct conn *c, struct req *r, double dl) {
   DCOMM_CHECK(read_key(c, &r->key, &r->klen, dl));
   DCOMM_CHECK(read_value(c, &r->val, &r->vlen, dl));
   pthread_mutex_lock(&srv->mu);
-  int rc = map_put(&srv->map, r->key, r->klen, r->val, r->vlen);
+  int rc = dcomm__kvmap_put(&srv->map, r->key, r->klen, r->val, r->vlen);
   if (rc == 0) r->val = NULL; /* the map owns it now */
   pthread_cond_broadcast(&srv->cv);
   pthread_mutex_unlock(&srv->mu);
@@ -359,9 +263,9 @@ static int do_get(struct conn *c, struct req *r, double dl) {
   DCOMM_CHECK(read_u64(c, &ms, dl));
   double deadline = dcomm__now() + (double)ms / 1000.0;
   int gone = 0;
-  struct entry *e;
+  struct dcomm_kv *e;
   pthread_mutex_lock(&srv->mu);
-  while (!(e = map_find(&srv->map, r->key, r->klen)) && !srv->stopping && !gone && dcomm__now() < deadline)
+  while (!(e = dcomm__kvmap_find(&srv->map, r->key, r->klen)) && !srv->stopping && !gone && dcomm__now() < deadline)
     gone = wait_a_while(c, deadline);
   if (e) {
     r->val = dup_bytes(e->val, e->vlen);
@@ -402,14 +306,14 @@ static int do_add(struct conn *c, struct req *r, double dl) {
   int64_t delta = (int64_t)d, cur = 0, res;
   int rc = 0;
   pthread_mutex_lock(&srv->mu);
-  struct entry *e = map_find(&srv->map, r->key, r->klen);
+  struct dcomm_kv *e = dcomm__kvmap_find(&srv->map, r->key, r->klen);
   if (e && parse_int64(e->val, e->vlen, &cur) < 0) rc = 1;
   else if (__builtin_add_overflow(cur, delta, &res)) rc = 2;
   else {
     char txt[32];
     int n = snprintf(txt, sizeof(txt), "%" PRId64, res);
     unsigned char *v = dup_bytes((unsigned char *)txt, (size_t)n);
-    if (!v || map_put(&srv->map, r->key, r->klen, v, (size_t)n) < 0) {
+    if (!v || dcomm__kvmap_put(&srv->map, r->key, r->klen, v, (size_t)n) < 0) {
       free(v);
       rc = 3;
     }
@@ -437,11 +341,11 @@ static int do_cas(struct conn *c, struct req *r, double dl) {
   size_t clen = 0;
   int present = 0, nomem = 0;
   pthread_mutex_lock(&srv->mu);
-  struct entry *e = map_find(&srv->map, r->key, r->klen);
+  struct dcomm_kv *e = dcomm__kvmap_find(&srv->map, r->key, r->klen);
   int match = has ? (e && e->vlen == r->vlen && memcmp(e->val, r->val, r->vlen) == 0) : !e;
   if (match) {
     cur = dup_bytes(r->val2, r->vlen2);
-    if (!cur || map_put(&srv->map, r->key, r->klen, r->val2, r->vlen2) < 0) nomem = 1;
+    if (!cur || dcomm__kvmap_put(&srv->map, r->key, r->klen, r->val2, r->vlen2) < 0) nomem = 1;
     else r->val2 = NULL;
     clen = r->vlen2;
     present = 1;
@@ -485,7 +389,7 @@ static int do_wait(struct conn *c, struct req *r, double dl) {
     for (;;) {
       /* Recheck every key on each wake-up: another client may delete one. */
       have = 0;
-      while (have < n && map_find(&srv->map, keys[have], lens[have])) have++;
+      while (have < n && dcomm__kvmap_find(&srv->map, keys[have], lens[have])) have++;
       if (have == n || srv->stopping || gone || dcomm__now() >= deadline) break;
       gone = wait_a_while(c, deadline);
     }
@@ -508,7 +412,7 @@ static int do_del(struct conn *c, struct req *r, double dl) {
   struct dcomm_store_server *srv = c->srv;
   DCOMM_CHECK(read_key(c, &r->key, &r->klen, dl));
   pthread_mutex_lock(&srv->mu);
-  unsigned char existed = (unsigned char)map_del(&srv->map, r->key, r->klen);
+  unsigned char existed = (unsigned char)dcomm__kvmap_del(&srv->map, r->key, r->klen);
   pthread_mutex_unlock(&srv->mu);
   return send_ok(c, &existed, 1, NULL, 0);
 }
@@ -653,7 +557,7 @@ static void free_server(struct dcomm_store_server *srv) {
     if (srv->stop_pipe[i] >= 0) close(srv->stop_pipe[i]);
     if (srv->reap_pipe[i] >= 0) close(srv->reap_pipe[i]);
   }
-  map_free(&srv->map);
+  dcomm__kvmap_free(&srv->map);
   free(srv->job_id);
   free(srv->token);
   free(srv);
