@@ -34,6 +34,12 @@ static int hl_fail(const char *expr, const char *at, const char *why) {
                     strlen(expr) > 200 ? "..." : "", why, (size_t)(at - expr));
 }
 
+/* Well formed, but more than DCOMM_HOSTLIST_MAX hosts. */
+static int hl_too_big(const char *expr, const char *at, const char *what) {
+  return dcomm__err(DCOMM_EINVAL, "hostlist '%.200s'%s: %s at offset %zu expands to more than %d hosts", expr,
+                    strlen(expr) > 200 ? "..." : "", what, (size_t)(at - expr), DCOMM_HOSTLIST_MAX);
+}
+
 /* Reads a decimal number at *p (before end); advances *p. */
 static int hl_number(const char *expr, const char **p, const char *end, unsigned long long *v, int *width) {
   const char *q = *p;
@@ -66,7 +72,7 @@ static int hl_range(const char *expr, const char **p, const char *end, unsigned 
     if (*hi < *lo) return hl_fail(expr, start, "range upper bound below its lower bound");
   }
   if (*hi - *lo >= DCOMM_HOSTLIST_MAX)
-    return hl_fail(expr, start, "range of more than 65536 hosts");
+    return hl_too_big(expr, start, "the range");
   return 0;
 }
 
@@ -79,7 +85,7 @@ static int hl_group(const char *expr, const char **p, const char *end, unsigned 
   for (;;) {
     DCOMM_CHECK(hl_range(expr, p, end, &lo, &hi, &width));
     n += hi - lo + 1;
-    if (n > DCOMM_HOSTLIST_MAX) return hl_fail(expr, *p, "bracket group of more than 65536 hosts");
+    if (n > DCOMM_HOSTLIST_MAX) return hl_too_big(expr, *p, "the bracket group");
     if (*p >= end) return hl_fail(expr, *p, "unterminated '['");
     char c = **p;
     (*p)++;
@@ -101,10 +107,10 @@ static int hl_scan(const char *expr, struct hl_item *it) {
     if (c == '[') {
       if (it->ngroups == HL_MAX_GROUPS) return hl_fail(expr, p, "more than 16 bracket groups in one host name");
       p++;
-      unsigned long long n;
+      unsigned long long n = 0;
       DCOMM_CHECK(hl_group(expr, &p, end, &n));
       it->counts[it->ngroups++] = n;
-      if (it->total > DCOMM_HOSTLIST_MAX / n) return hl_fail(expr, it->s, "expands to more than 65536 hosts");
+      if (it->total > DCOMM_HOSTLIST_MAX / n) return hl_too_big(expr, it->s, "the host name");
       it->total *= n;
     } else if (c == ']') {
       return hl_fail(expr, p, "']' without '['");

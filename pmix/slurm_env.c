@@ -104,7 +104,7 @@ int dcomm__slurm_spec(int *rank, int *size, int *local_rank, int *local_size, ch
   static const char *const ntasks[] = {"SLURM_NTASKS", "SLURM_NPROCS", NULL};
   static const char *const localid[] = {"SLURM_LOCALID", NULL};
   static const char *const nodeid[] = {"SLURM_NODEID", NULL};
-  long r, n, lr, ls, node = 0;
+  long r = 0, n = 0, lr = 0, ls = 0, node = 0;
   const char *which, *v;
 
   DCOMM_CHECK(env_req(procid, 0, 1 << 24, &r));

@@ -179,9 +179,16 @@ static void describe_args(char *buf, size_t len, const struct dcomm_host *h, int
   else if (coll == DCOMM_COLL_SEND || coll == DCOMM_COLL_RECV)
     snprintf(buf, len, "%s(count %llu, %s, tag %d)", coll_name(coll), (unsigned long long)count, h->dtype_name(dtype),
              root);
-  else
-    snprintf(buf, len, "%s(seq %llu, count %llu, %s, op %s, root %d)", coll_name(coll), (unsigned long long)seq,
-             (unsigned long long)count, h->dtype_name(dtype), h->op_name(op), root);
+  else {
+    int reducing = coll == DCOMM_COLL_ALL_REDUCE || coll == DCOMM_COLL_REDUCE || coll == DCOMM_COLL_REDUCE_SCATTER;
+    int rooted = coll == DCOMM_COLL_REDUCE || coll == DCOMM_COLL_BROADCAST || coll == DCOMM_COLL_GATHER ||
+                 coll == DCOMM_COLL_SCATTER;
+    char opbuf[32] = "", rootbuf[32] = "";
+    if (reducing) snprintf(opbuf, sizeof(opbuf), ", op %s", h->op_name(op));
+    if (rooted) snprintf(rootbuf, sizeof(rootbuf), ", root %d", root);
+    snprintf(buf, len, "%s(seq %llu, count %llu, %s%s%s)", coll_name(coll), (unsigned long long)seq,
+             (unsigned long long)count, h->dtype_name(dtype), opbuf, rootbuf);
+  }
 }
 
 static int sig_matches(const struct tcp_hdr *h, const struct dcomm_coll_args *a) {
