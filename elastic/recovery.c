@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "dcomm_elastic.h"
@@ -58,14 +59,22 @@ static long get_long(struct dcomm_store *s, const char *key, long dflt) {
 static int lead_round(struct dcomm_store *s, long gen) {
   char key[128];
   snprintf(key, sizeof(key), "elastic/join/%ld/n", gen);
+  /* With a launcher, elastic/alive says how many members to wait for: the
+   * round stays open until all of them joined (a slow survivor must not be
+   * left out, or the job would split in two); the launcher lowers the count
+   * when a member dies or hangs. Without one, the settle window closes it. */
   double settle = dcomm__param_double(DCOMM_P_ELASTIC_SETTLE);
   double until = dcomm__now() + settle;
+  double hard = dcomm__now() + s->timeout;
   int64_t n = 0;
   for (;;) {
     DCOMM_CHECK(dcomm__store_add(s, key, 0, &n));
     long alive = get_long(s, "elastic/alive", -1);
     if (alive > 0 && n >= alive) break;
-    if (dcomm__now() >= until) break;
+    if (alive <= 0 && dcomm__now() >= until) break;
+    if (dcomm__now() >= hard)
+      return dcomm__err(DCOMM_ETIMEDOUT, "round %ld: only %lld of %ld members joined before the timeout", gen,
+                        (long long)n, alive);
     usleep(5000);
   }
   struct joiner *js = calloc((size_t)n, sizeof(*js));
@@ -75,7 +84,7 @@ static int lead_round(struct dcomm_store *s, long gen) {
     void *val = NULL;
     size_t len = 0;
     snprintf(key, sizeof(key), "elastic/join/%ld/m/%lld", gen, (long long)t);
-    if (dcomm__store_get(s, key, 5.0, &val, &len) < 0) continue; /* registered, then died */
+    if (dcomm__store_get(s, key, 2.0, &val, &len) < 0) continue; /* took a ticket, then died */
     char buf[96] = "";
     if (len < sizeof(buf)) memcpy(buf, val, len);
     free(val);
@@ -103,6 +112,47 @@ static int lead_round(struct dcomm_store *s, long gen) {
   return dcomm__store_set(s, "elastic/gen", g, (size_t)gl + 1);
 }
 
+/* 1 if the member's heartbeat (written by its watcher thread, which runs
+ * even while its main thread is busy) is older than the timeout. */
+static int member_gone(struct dcomm_store *s, const char *id) {
+  char key[96];
+  snprintf(key, sizeof(key), "elastic/hb/%s", id);
+  void *val = NULL;
+  size_t len = 0;
+  if (dcomm__store_get(s, key, 0.001, &val, &len) < 0) return 0; /* no heartbeats: cannot tell */
+  char buf[64] = "";
+  if (len < sizeof(buf)) memcpy(buf, val, len);
+  free(val);
+  struct timeval tv;
+  gettimeofday(&tv, NULL);
+  double age = (double)tv.tv_sec + tv.tv_usec * 1e-6 - strtod(buf, NULL);
+  return age > dcomm__param_double(DCOMM_P_HEARTBEAT_TIMEOUT) + 1.0;
+}
+
+/* Waits for the plan of round gen: 0 with the plan, 1 if the round's
+ * leader died before publishing it, or an error. */
+static int wait_plan(struct dcomm_store *s, long gen, void **val, size_t *len) {
+  char key[128], lkey[128];
+  snprintf(key, sizeof(key), "elastic/plan/%ld", gen);
+  snprintf(lkey, sizeof(lkey), "elastic/join/%ld/m/1", gen);
+  double deadline = dcomm__now() + s->timeout;
+  for (;;) {
+    int rc = dcomm__store_get(s, key, 1.0, val, len);
+    if (rc != DCOMM_ETIMEDOUT) return rc;
+    if (dcomm__now() >= deadline) return rc;
+    void *lv = NULL;
+    size_t ll = 0;
+    char leader[96] = "";
+    if (dcomm__store_get(s, lkey, 0.001, &lv, &ll) == 0 && ll < sizeof(leader)) memcpy(leader, lv, ll);
+    free(lv);
+    char id[40] = "";
+    if (sscanf(leader, "%39s", id) == 1 && member_gone(s, id)) {
+      DCOMM_LOG(WARN, ELASTIC, "the leader of round %ld (%s) is gone: moving to the next round", gen, id);
+      return 1;
+    }
+  }
+}
+
 /* Registers for round gen and waits for its plan. *rank = -1: not in it. */
 static int join_round(struct dcomm_world *w, long gen, int old_rank, int *rank, int *size) {
   struct dcomm_store *s = w->store;
@@ -116,9 +166,13 @@ static int join_round(struct dcomm_world *w, long gen, int old_rank, int *rank, 
   if (ticket == 1) DCOMM_CHECK(lead_round(s, gen));
   void *val = NULL;
   size_t len = 0;
-  snprintf(key, sizeof(key), "elastic/plan/%ld", gen);
-  int rc = dcomm__store_get(s, key, -1, &val, &len);
-  if (rc < 0) return dcomm__err_ctx(rc, "waiting for the plan of generation %ld (did its leader die?)", gen);
+  int rc = wait_plan(s, gen, &val, &len);
+  if (rc == 1) { /* the leader is gone: the round is abandoned */
+    *rank = -1;
+    *size = 0;
+    return 0;
+  }
+  if (rc < 0) return dcomm__err_ctx(rc, "waiting for the plan of generation %ld", gen);
   char *plan = val;
   if (!len || plan[len - 1]) {
     free(val);

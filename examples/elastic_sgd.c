@@ -45,6 +45,7 @@ struct app {
   int kill_in_recovery; /* this rank (of the new world) dies while recovering */
   int every;
   int sleep_ms; /* per step, to make room for a demo's SIGSTOP */
+  int slow_rank, slow_ms; /* this rank computes slowly at the kill step */
 };
 
 /* Sample i of the stream: features and target from a fixed generator. */
@@ -90,6 +91,7 @@ static int step_fn(uint64_t step, void *user) {
   int rank = dcomm_rank(), size = dcomm_world_size();
   if (!a->kill_in_save) maybe_die(a, step, "--kill-rank");
   if (a->sleep_ms > 0) usleep((useconds_t)a->sleep_ms * 1000);
+  if (a->slow_rank == rank && (long)step == a->kill_at && first_life()) usleep((useconds_t)a->slow_ms * 1000);
   /* This rank's share of the step's batch. */
   int lo = BATCH * rank / size, hi = BATCH * (rank + 1) / size;
   double g[DIM + 2] = {0}; /* gradient, loss sum, sample count */
@@ -161,12 +163,12 @@ static void usage(void) {
   fprintf(stderr,
           "usage: elastic_sgd --steps N --checkpoint-every K --checkpoint-dir DIR [--lr X]\n"
           "                   [--kill-rank R[,R...] --kill-at-step S [--kill-in-save 1]] [--kill-in-recovery R]\n"
-          "                   [--sleep-ms MS]\n");
+          "                   [--sleep-ms MS] [--slow-rank R --slow-ms MS]\n");
   exit(2);
 }
 
 int main(int argc, char **argv) {
-  struct app a = {.lr = 0.05, .kill_at = -1, .kill_in_recovery = -1};
+  struct app a = {.lr = 0.05, .kill_at = -1, .kill_in_recovery = -1, .slow_rank = -1};
   long steps = 100;
   const char *dir = NULL;
   for (int i = 1; i < argc; i++) {
@@ -176,6 +178,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--checkpoint-dir")) dir = argv[++i];
     else if (!strcmp(argv[i], "--lr")) a.lr = atof(argv[++i]);
     else if (!strcmp(argv[i], "--sleep-ms")) a.sleep_ms = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--slow-rank")) a.slow_rank = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--slow-ms")) a.slow_ms = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--kill-rank")) snprintf(a.kill_ranks, sizeof(a.kill_ranks), "%s", argv[++i]);
     else if (!strcmp(argv[i], "--kill-in-save")) a.kill_in_save = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--kill-in-recovery")) a.kill_in_recovery = atoi(argv[++i]);

@@ -498,8 +498,8 @@ int main(int argc, char **argv) {
         fflush(stdout);
       }
     }
-    if (b >= o.maxb || o.factor == 1 || b > o.maxb / o.factor) break;
-    b *= o.factor;
+    if (b >= o.maxb || o.factor == 1) break;
+    b = b > o.maxb / o.factor ? o.maxb : b * o.factor; /* the last step is MAX itself */
   }
   if (wrank == 0) {
     if (rows && o.op != OP_BARRIER) printf("# avg busbw_GBps: %.4f\n", busbw_sum / rows);

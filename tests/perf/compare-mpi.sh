@@ -19,6 +19,8 @@
 #   MINSIZE  smallest size (default 8)
 #   MAXSIZE  largest size for every op (default: 64M for all_reduce, 4M for the others)
 #   FACTOR   size step (default 4)    DTYPE (float32)   ITERS (20)   WARMUP (5)
+#   REPS     runs of each side, interleaved; per size the fastest is shown
+#            (default 1; 3 is steadier on a busy machine)
 #   TIMEOUT  seconds allowed for each run (default 300)
 #   OUTDIR   keep the raw outputs there (default: a temporary folder, removed)
 set -u
@@ -31,6 +33,7 @@ DTYPE=${DTYPE:-float32}
 ITERS=${ITERS:-20}
 WARMUP=${WARMUP:-5}
 TIMEOUT=${TIMEOUT:-300}
+REPS=${REPS:-1}
 
 if [ -n "${OUTDIR:-}" ]; then
   mkdir -p "$OUTDIR" || exit 1
@@ -90,8 +93,32 @@ else
   bad=1
 fi
 
-# rows FILE: the data rows (size time busbw errors) of a bench output.
-rows() { awk '!/^#/ && NF == 7 { print $1, $4, $6, $7 }' "$1"; }
+# best FILE...: per row index, the data row (size time busbw errors) with the
+# smallest time over the given bench outputs; errors: any nonzero count
+# seen. Fails when the outputs do not have the same rows.
+best() {
+  awk '!/^#/ && NF == 7 {
+      i = ++n[FILENAME]
+      if (i in s && s[i] != $1) bad = 1
+      if (!(i in t) || $4 + 0 < t[i]) { s[i] = $1; t[i] = $4 + 0; b[i] = $6 }
+      if (!(i in e) || $7 != "0") e[i] = $7
+      if (i > rows) rows = i
+    }
+    END {
+      for (f in n) if (n[f] != rows) bad = 1
+      for (i = 1; i <= rows; i++) print s[i], t[i], b[i], e[i]
+      exit bad
+    }' "$@"
+}
+
+# check_run SIDE RC FILE: reports a run that failed.
+check_run() {
+  if [ "$2" -ne 0 ]; then
+    echo "  $1 run failed (exit $2$([ "$2" -ge 124 ] && echo ', timed out'))"
+    tail -n 8 "$3.err" | sed 's/^/    /'
+    bad=1
+  fi
+}
 
 for op in $OPS; do
   if [ -n "${MAXSIZE:-}" ]; then max=$MAXSIZE
@@ -99,28 +126,27 @@ for op in $OPS; do
   else max=4M; fi
   for np in $NPS; do
     args="-o $op -b $MINSIZE -e $max -f $FACTOR -d $DTYPE -n $ITERS -w $WARMUP"
-    m=$work/mpi-$op-$np.txt
-    d=$work/dcomm-$op-$np.txt
+    m=$work/mpi-$op-$np
+    d=$work/dcomm-$op-$np
     echo
-    echo "== $op, $np ranks, $DTYPE =="
+    echo "== $op, $np ranks, $DTYPE$([ "$REPS" -gt 1 ] && echo ", fastest of $REPS runs per size") =="
     echo "mpi:   timeout $TIMEOUT mpirun --allow-run-as-root --oversubscribe -np $np tests/perf/mpi_bench $args"
     echo "dcomm: timeout $TIMEOUT ./dcomm-run --nproc-per-node $np -- ./dcomm-bench $args"
-    # shellcheck disable=SC2086
-    timeout "$TIMEOUT" mpirun --allow-run-as-root --oversubscribe -np "$np" tests/perf/mpi_bench $args >"$m" 2>"$m.err"
-    mrc=$?
-    # shellcheck disable=SC2086
-    timeout "$TIMEOUT" ./dcomm-run --quiet-prefix --nproc-per-node "$np" -- ./dcomm-bench $args >"$d" 2>"$d.err"
-    drc=$?
-    for side in "mpi $mrc $m" "dcomm $drc $d"; do
-      set -- $side
-      if [ "$2" -ne 0 ]; then
-        echo "  $1 run failed (exit $2$([ "$2" -ge 124 ] && echo ', timed out'))"
-        tail -n 8 "$3.err" | sed 's/^/    /'
-        bad=1
-      fi
+    mfiles=() dfiles=()
+    for rep in $(seq 1 "$REPS"); do
+      # shellcheck disable=SC2086
+      timeout "$TIMEOUT" mpirun --allow-run-as-root --oversubscribe -np "$np" tests/perf/mpi_bench $args \
+        >"$m.$rep.txt" 2>"$m.$rep.txt.err"
+      check_run mpi $? "$m.$rep.txt"
+      # shellcheck disable=SC2086
+      timeout "$TIMEOUT" ./dcomm-run --quiet-prefix --nproc-per-node "$np" -- ./dcomm-bench $args \
+        >"$d.$rep.txt" 2>"$d.$rep.txt.err"
+      check_run dcomm $? "$d.$rep.txt"
+      mfiles+=("$m.$rep.txt")
+      dfiles+=("$d.$rep.txt")
     done
-    rows "$m" >"$m.rows"
-    rows "$d" >"$d.rows"
+    best "${mfiles[@]}" >"$m.rows" || { echo "  mpi runs disagree on the sizes"; bad=1; }
+    best "${dfiles[@]}" >"$d.rows" || { echo "  dcomm runs disagree on the sizes"; bad=1; }
     if [ ! -s "$m.rows" ] || [ ! -s "$d.rows" ] || [ "$(wc -l <"$m.rows")" -ne "$(wc -l <"$d.rows")" ]; then
       echo "  no comparable rows (mpi $(wc -l <"$m.rows"), dcomm $(wc -l <"$d.rows"))"
       bad=1
