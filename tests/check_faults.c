@@ -19,7 +19,10 @@
 
 #include "dcomm.h"
 #include "harness.h"
+#include "auth.h"
 #include "runtime.h"
+#include "sock.h"
+#include "store.h"
 
 static volatile double *shared_kill_time; /* written by the victim */
 
@@ -191,6 +194,52 @@ static int body_async(int rank, int n, void *arg) {
 START_TEST(test_async) { ck_assert_int_eq(mp_run(3, body_async, NULL, 60), 0); }
 END_TEST
 
+/* A stranger on a rank's peer port (garbage, then a wrong job id) is
+ * refused during the next communicator's set-up and changes nothing. */
+static int stranger(const char *job) {
+  void *val = NULL;
+  size_t len = 0;
+  if (dcomm__store_get(dcomm__w.store, "tcp/addr/0", 5, &val, &len) < 0) return -1;
+  char host[80];
+  int port = 0;
+  char *colon = strrchr((char *)val, ':');
+  *colon = 0;
+  snprintf(host, sizeof(host), "%s", (char *)val);
+  port = atoi(colon + 1);
+  free(val);
+  int fd;
+  if (dcomm__sock_connect(host, port, mp_now() + 5, &fd) < 0) return -1;
+  if (!job) {
+    const char junk[] = "GET / HTTP/1.0\r\n\r\n";
+    if (write(fd, junk, sizeof(junk)) < 0) { /* the peer may already have hung up */ }
+  } else {
+    dcomm__hs_client(fd, job, "", 2, "x", 1, mp_now() + 5); /* refused */
+  }
+  return fd;
+}
+
+static int body_stranger(int rank, int n, void *arg) {
+  int fds[2] = {-1, -1};
+  if (rank == 1) {
+    fds[0] = stranger(NULL);
+    fds[1] = stranger("another-job");
+    MP_REQUIRE(fds[0] >= 0 && fds[1] >= 0, "could not reach rank 0's peer port");
+  }
+  int both[] = {0, 1};
+  dcomm_group_t g;
+  MP_OK(dcomm_new_group(both, 2, &g));
+  int32_t v = rank + 1;
+  MP_OK(dcomm_all_reduce(&v, 1, DCOMM_INT32, DCOMM_SUM, g));
+  MP_REQUIRE(v == 3, "sum %d", v);
+  MP_OK(dcomm_group_free(g));
+  for (int i = 0; i < 2; i++)
+    if (fds[i] >= 0) close(fds[i]);
+  return 0;
+}
+
+START_TEST(test_stranger) { ck_assert_int_eq(mp_run(2, body_stranger, NULL, 60), 0); }
+END_TEST
+
 static int body_badargs(int rank, int n, void *arg) {
   float x[4] = {0};
   MP_REQUIRE(dcomm_all_reduce(x, 4, (dcomm_dtype_t)99, DCOMM_SUM, NULL) == DCOMM_EINVAL, "bad dtype");
@@ -236,6 +285,7 @@ int main(void) {
   tcase_add_test(tc, test_abort_thread);
   tcase_add_test(tc, test_async);
   tcase_add_test(tc, test_badargs);
+  tcase_add_test(tc, test_stranger);
   tcase_add_test(tc, test_not_initialized);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
