@@ -4,6 +4,11 @@
  * rank 0's store address published with Put + Commit + Fence and read by
  * the others with Get. Events: one handler for lost processes. Built
  * without PMIx, the calls are stubs returning DCOMM_ENOTSUP.
+ *
+ * PMIx 4.2 cannot be initialized again after PMIx_Finalize (job data is
+ * gone: PMIx_Get answers NOT-FOUND), so PMIx stays initialized from the
+ * first boot until the process exits (an atexit handler finalizes it), and
+ * each boot publishes under its own key ("dcomm.store.N").
  */
 #include "config.h"
 #include "pmix_boot.h"
@@ -42,7 +47,9 @@ int dcomm__pmix_detect(void) {
 #define STORE_KEY "dcomm.store"
 
 static pmix_proc_t me;
-static int booted;
+static int pmix_up;   /* PMIx_Init done (until exit) */
+static int booted;    /* a dcomm session uses it (boot .. finalize) */
+static int boots;     /* sessions so far: the key suffix */
 static size_t ev_id;
 static int ev_registered;
 static void (*volatile lost_cb)(int rank, void *arg);
@@ -144,13 +151,14 @@ bad:
 }
 
 /* Rank 0's value: "host:port", or "!code:message" when it could not host. */
-static int publish(const char *value) {
+static int publish(const char *key, const char *value) {
   pmix_value_t v;
   PMIX_VALUE_CONSTRUCT(&v);
   v.type = PMIX_STRING;
   v.data.string = (char *)value; /* PMIx_Put copies */
-  pmix_status_t rc = PMIx_Put(PMIX_GLOBAL, STORE_KEY, &v);
-  if (rc != PMIX_SUCCESS) return pmix_fail(DCOMM_EBACKEND, "PMIx_Put(" STORE_KEY ")", rc);
+  pmix_status_t rc = PMIx_Put(PMIX_GLOBAL, key, &v);
+  if (rc != PMIX_SUCCESS) return dcomm__err(DCOMM_EBACKEND, "pmix://: PMIx_Put(%s) failed: %s (%d)", key,
+                                            PMIx_Error_string(rc), (int)rc);
   return 0;
 }
 
@@ -158,7 +166,8 @@ static int exchange(struct dcomm_pmix_boot *b, double timeout, dcomm_pmix_host_s
   pmix_status_t prc;
   int rc = 0, tmo = 0;
   if (timeout > 0) tmo = timeout >= INT_MAX ? INT_MAX : (int)ceil(timeout);
-  char value[512];
+  char value[512], key[64];
+  snprintf(key, sizeof(key), STORE_KEY ".%d", boots);
   if (b->rank == 0) {
     char host[256] = "";
     int port = 0;
@@ -174,7 +183,7 @@ static int exchange(struct dcomm_pmix_boot *b, double timeout, dcomm_pmix_host_s
       snprintf(value, sizeof(value), "!%d:%s", rc, dcomm_last_error());
     }
     /* Published even on failure, so the others fail fast with the reason. */
-    int prc2 = publish(value);
+    int prc2 = publish(key, value);
     if (rc == 0) rc = prc2;
   }
   if ((prc = PMIx_Commit()) != PMIX_SUCCESS) return rc < 0 ? rc : pmix_fail(DCOMM_EBACKEND, "PMIx_Commit", prc);
@@ -204,13 +213,15 @@ static int exchange(struct dcomm_pmix_boot *b, double timeout, dcomm_pmix_host_s
   pmix_proc_t root;
   pmix_value_t *val = NULL;
   PMIX_PROC_LOAD(&root, me.nspace, 0);
-  prc = PMIx_Get(&root, STORE_KEY, &info[1], tmo > 0 ? 1 : 0, &val);
+  prc = PMIx_Get(&root, key, &info[1], tmo > 0 ? 1 : 0, &val);
   PMIX_INFO_DESTRUCT(&info[0]);
   PMIX_INFO_DESTRUCT(&info[1]);
-  if (prc != PMIX_SUCCESS || !val) return pmix_fail(DCOMM_EBACKEND, "PMIx_Get(rank 0, " STORE_KEY ")", prc);
+  if (prc != PMIX_SUCCESS || !val)
+    return dcomm__err(DCOMM_EBACKEND, "pmix://: PMIx_Get(rank 0, %s) failed: %s (%d)", key, PMIx_Error_string(prc),
+                      (int)prc);
   if (val->type != PMIX_STRING || !val->data.string) {
     PMIX_VALUE_RELEASE(val);
-    return dcomm__err(DCOMM_EPROTO, "pmix://: rank 0's " STORE_KEY " is not a string");
+    return dcomm__err(DCOMM_EPROTO, "pmix://: rank 0's %s is not a string", key);
   }
   snprintf(value, sizeof(value), "%s", val->data.string);
   PMIX_VALUE_RELEASE(val);
@@ -223,19 +234,31 @@ static int exchange(struct dcomm_pmix_boot *b, double timeout, dcomm_pmix_host_s
   return parse_addr(value, b);
 }
 
+static void pmix_at_exit(void) {
+  if (!pmix_up) return;
+  pmix_up = 0;
+  PMIx_Finalize(NULL, 0);
+}
+
 int dcomm__pmix_boot(struct dcomm_pmix_boot *b, double timeout, dcomm_pmix_host_store_fn host_store, void *arg) {
+  static int at_exit_set;
   memset(b, 0, sizeof(*b));
-  if (booted) return dcomm__err(DCOMM_EINVAL, "pmix://: PMIx is already initialized by dcomm");
-  pmix_status_t prc = PMIx_Init(&me, NULL, 0);
-  if (prc == PMIX_ERR_UNREACH) {
-    PMIx_Finalize(NULL, 0); /* the singleton PMIx_Init set up */
-    return dcomm__err(DCOMM_EINVAL,
-                      "pmix://: no PMIx server (PMIx_Init: %s): start the job with a PMIx launcher (mpirun, srun "
-                      "--mpi=pmix) or use another init method",
-                      PMIx_Error_string(prc));
+  if (booted) return dcomm__err(DCOMM_EINVAL, "pmix://: PMIx is already in use by dcomm (finalize first)");
+  if (!pmix_up) {
+    pmix_status_t prc = PMIx_Init(&me, NULL, 0);
+    if (prc == PMIX_ERR_UNREACH) {
+      PMIx_Finalize(NULL, 0); /* the singleton PMIx_Init set up */
+      return dcomm__err(DCOMM_EINVAL,
+                        "pmix://: no PMIx server (PMIx_Init: %s): start the job with a PMIx launcher (mpirun, srun "
+                        "--mpi=pmix) or use another init method",
+                        PMIx_Error_string(prc));
+    }
+    if (prc != PMIX_SUCCESS) return pmix_fail(DCOMM_EBACKEND, "PMIx_Init", prc);
+    pmix_up = 1;
+    if (!at_exit_set && atexit(pmix_at_exit) == 0) at_exit_set = 1;
   }
-  if (prc != PMIX_SUCCESS) return pmix_fail(DCOMM_EBACKEND, "PMIx_Init", prc);
   booted = 1;
+  boots++;
 
   pmix_proc_t wild;
   PMIX_PROC_LOAD(&wild, me.nspace, PMIX_RANK_WILDCARD);
@@ -279,8 +302,7 @@ void dcomm__pmix_finalize(void) {
   }
   lost_cb = NULL;
   lost_arg = NULL;
-  PMIx_Finalize(NULL, 0);
-  booted = 0;
+  booted = 0; /* PMIx itself is finalized at exit (see the top) */
 }
 
 /* Forwards one affected process (of this job) to the callback. */

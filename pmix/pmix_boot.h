@@ -30,13 +30,16 @@ int dcomm__pmix_detect(void);
 typedef int (*dcomm_pmix_host_store_fn)(void *arg, char *host, size_t hostlen, int *port);
 
 /* PMIx_Init, job facts, store address exchange (Put / Commit / Fence with
- * PMIX_COLLECT_DATA and PMIX_TIMEOUT, Get of rank 0's "dcomm.store").
- * timeout: seconds the fence and the get may take (<= 0: unbounded). On
- * error PMIx is finalized again. No PMIx server: DCOMM_EINVAL. */
+ * PMIX_COLLECT_DATA and PMIX_TIMEOUT, Get of rank 0's "dcomm.store.N",
+ * N counting the boots of this process). timeout: seconds the fence and
+ * the get may take (<= 0: unbounded). No PMIx server: DCOMM_EINVAL.
+ * Collective: every rank of the job calls it (once per dcomm_init). */
 int dcomm__pmix_boot(struct dcomm_pmix_boot *b, double timeout, dcomm_pmix_host_store_fn host_store, void *arg);
 
-/* Deregisters the event handler and finalizes PMIx (no-op when not
- * booted). */
+/* Ends dcomm's use of PMIx: deregisters the event handler (no-op when not
+ * booted). PMIx itself stays initialized until the process exits (an
+ * atexit handler calls PMIx_Finalize): PMIx 4.2 cannot be initialized
+ * again after PMIx_Finalize, and a later dcomm_init may boot again. */
 void dcomm__pmix_finalize(void);
 
 /* After dcomm__pmix_boot: on_lost(rank, arg) runs on PMIx's progress

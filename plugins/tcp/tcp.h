@@ -100,6 +100,7 @@ struct tcp_comm {
   int abort_sent;
   void *stage[2];      /* chunk-sized staging buffers for reduce receives */
   void *tmp;           /* scratch for algorithms */
+  char *recv_mark;     /* size entries: peers with a pending receive (engine) */
   size_t tmp_cap;
   /* request queue (tcp_backend.c) */
   pthread_mutex_t qlock;

@@ -37,7 +37,7 @@ static int tcp_init(const struct dcomm_host *host, void **out) {
   ctx->chunk = param_size(host, "DCOMM_TCP_CHUNK_SIZE", 262144);
   ctx->chunk = (ctx->chunk + 63) & ~(size_t)63; /* whole elements of any dtype */
   if (ctx->chunk < 4096) ctx->chunk = 4096;
-  ctx->small = param_size(host, "DCOMM_TCP_SMALL_THRESHOLD", 65536);
+  ctx->small = param_size(host, "DCOMM_TCP_SMALL_THRESHOLD", 262144);
   ctx->bufsize = param_size(host, "DCOMM_TCP_BUFSIZE", 4194304);
   const char *cm = host->param("DCOMM_CHECK_MISMATCH");
   if (!cm || host->parse_bool(cm, &ctx->check_mismatch) != 0) ctx->check_mismatch = 1;
@@ -77,6 +77,7 @@ static void comm_free(struct tcp_comm *c) {
   free(c->stage[1]);
   free(c->tmp);
   free(c->world_ranks);
+  free(c->recv_mark);
   pthread_mutex_destroy(&c->qlock);
   pthread_cond_destroy(&c->qcond);
   free(c);
@@ -97,7 +98,8 @@ static int tcp_comm_create(void *vctx, const struct dcomm_comm_spec *spec, void 
   c->abort_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   c->peers = calloc((size_t)spec->size, sizeof(*c->peers));
   c->world_ranks = malloc(sizeof(int) * (size_t)spec->size);
-  if (c->abort_fd < 0 || !c->peers || !c->world_ranks) {
+  c->recv_mark = malloc((size_t)spec->size);
+  if (c->abort_fd < 0 || !c->peers || !c->world_ranks || !c->recv_mark) {
     comm_free(c);
     return h->err(DCOMM_ENOMEM, "tcp: cannot allocate a communicator");
   }

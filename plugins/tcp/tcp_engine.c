@@ -382,8 +382,8 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
     int np = 0;
     pf[np] = (struct pollfd){.fd = c->abort_fd, .events = POLLIN};
     who[np++] = MAX_POLL;
-    char *recv_peer = calloc((size_t)c->size, 1);
-    if (!recv_peer) return tcp_fail(c, DCOMM_ENOMEM, "tcp: out of memory");
+    char *recv_peer = c->recv_mark;
+    memset(recv_peer, 0, (size_t)c->size);
     for (int i = 0; i < n && np < MAX_POLL; i++) {
       if (ops[i].complete) continue;
       if (!ops[i].is_send) recv_peer[ops[i].peer] = 1;
@@ -396,7 +396,6 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
       pf[np] = (struct pollfd){.fd = p->fd, .events = POLLIN | POLLRDHUP};
       who[np++] = -(r + 1);
     }
-    free(recv_peer);
     double wait_s = a->deadline - h->now();
     if (wait_s <= 0) {
       for (int i = 0; i < n; i++)

@@ -22,6 +22,8 @@
 #   REPS     runs of each side, interleaved; per size the fastest is shown
 #            (default 1; 3 is steadier on a busy machine)
 #   TIMEOUT  seconds allowed for each run (default 300)
+#   MPIFLAGS extra mpirun options, e.g. "--mca btl self,tcp" to make Open MPI
+#            use TCP loopback like dcomm instead of shared memory (default none)
 #   OUTDIR   keep the raw outputs there (default: a temporary folder, removed)
 set -u
 cd "$(dirname "$0")/../.." || exit 1
@@ -34,6 +36,7 @@ ITERS=${ITERS:-20}
 WARMUP=${WARMUP:-5}
 TIMEOUT=${TIMEOUT:-300}
 REPS=${REPS:-1}
+MPIFLAGS=${MPIFLAGS:-}
 
 if [ -n "${OUTDIR:-}" ]; then
   mkdir -p "$OUTDIR" || exit 1
@@ -45,8 +48,14 @@ fi
 bad=0
 
 # ---- build ----
-[ -x ./dcomm-run ] && [ -e .libs/libdcomm.so ] || { echo "compare-mpi: build dcomm first (./dcomm-run, .libs/libdcomm.so)"; exit 1; }
-command -v mpicc >/dev/null && command -v mpirun >/dev/null || { echo "compare-mpi: mpicc and mpirun are needed (Open MPI)"; exit 1; }
+if [ ! -x ./dcomm-run ] || [ ! -e .libs/libdcomm.so ]; then
+  echo "compare-mpi: build dcomm first (./dcomm-run, .libs/libdcomm.so)"
+  exit 1
+fi
+if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
+  echo "compare-mpi: mpicc and mpirun are needed (Open MPI)"
+  exit 1
+fi
 if [ ! -x ./dcomm-bench ] || [ src/dcomm_bench.c -nt ./dcomm-bench ]; then
   echo "build: gcc -std=gnu11 -O2 -I. -Isrc src/dcomm_bench.c -L.libs -ldcomm -Wl,-rpath,\$PWD/.libs -lm -o dcomm-bench"
   gcc -std=gnu11 -O2 -I. -Isrc src/dcomm_bench.c -L.libs -ldcomm "-Wl,-rpath,$PWD/.libs" -lm -o dcomm-bench ||
@@ -57,7 +66,7 @@ mpicc -std=gnu11 -O2 tests/perf/mpi_bench.c -lm -o tests/perf/mpi_bench || { ech
 
 echo
 echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'); $(uname -sr)"
-echo "mpi:     $(mpirun --version 2>&1 | head -n 1)"
+echo "mpi:     $(mpirun --version 2>&1 | head -n 1)${MPIFLAGS:+, mpirun $MPIFLAGS}"
 echo "dcomm:   $(./dcomm-info 2>/dev/null | head -n 1), backend ${DCOMM_BACKEND:-tcp}${DCOMM_ALGO:+, DCOMM_ALGO=$DCOMM_ALGO}"
 
 # ---- memcpy bandwidth: the physical reference ----
@@ -130,12 +139,12 @@ for op in $OPS; do
     d=$work/dcomm-$op-$np
     echo
     echo "== $op, $np ranks, $DTYPE$([ "$REPS" -gt 1 ] && echo ", fastest of $REPS runs per size") =="
-    echo "mpi:   timeout $TIMEOUT mpirun --allow-run-as-root --oversubscribe -np $np tests/perf/mpi_bench $args"
-    echo "dcomm: timeout $TIMEOUT ./dcomm-run --nproc-per-node $np -- ./dcomm-bench $args"
+    echo "mpi:   timeout $TIMEOUT mpirun --allow-run-as-root --oversubscribe ${MPIFLAGS:+$MPIFLAGS }-np $np tests/perf/mpi_bench $args"
+    echo "dcomm: timeout $TIMEOUT ./dcomm-run --quiet-prefix --nproc-per-node $np -- ./dcomm-bench $args"
     mfiles=() dfiles=()
     for rep in $(seq 1 "$REPS"); do
       # shellcheck disable=SC2086
-      timeout "$TIMEOUT" mpirun --allow-run-as-root --oversubscribe -np "$np" tests/perf/mpi_bench $args \
+      timeout "$TIMEOUT" mpirun --allow-run-as-root --oversubscribe $MPIFLAGS -np "$np" tests/perf/mpi_bench $args \
         >"$m.$rep.txt" 2>"$m.$rep.txt.err"
       check_run mpi $? "$m.$rep.txt"
       # shellcheck disable=SC2086

@@ -1,0 +1,110 @@
+#!/bin/bash
+# pmix_mpirun.sh: pmix:// end to end under Open MPI's mpirun (a PMIx
+# server for every process): 4 ranks of tests/pmix_coll initialize through
+# PMIx (rank 0 publishes the store address through the PMIx modex), check
+# their identity against OMPI_COMM_WORLD_*, run collectives and print
+# "rank R ok"; then the same with init-method detection, other sizes,
+# repeated init / finalize, and pmix:// without a launcher must fail
+# clearly. Builds nothing.
+# Environment: top_builddir (default .). Every run is bounded by timeout(1).
+# Exit status: 0 pass, 1 fail, 77 skip (no mpirun, no pmix_coll, no PMIx).
+
+B=${top_builddir:-.}
+PROG=$B/tests/pmix_coll
+
+if ! command -v mpirun >/dev/null 2>&1; then
+  echo "pmix_mpirun: mpirun not found (apt-get install openmpi-bin); skipping"
+  exit 77
+fi
+if ! command -v timeout >/dev/null 2>&1; then
+  echo "pmix_mpirun: timeout(1) not found; skipping"
+  exit 77
+fi
+if [ ! -x "$PROG" ]; then
+  echo "pmix_mpirun: $PROG not built (make check builds it); skipping"
+  exit 77
+fi
+
+T=$(mktemp -d "${TMPDIR:-/tmp}/pmix_mpirun.XXXXXX") || exit 1
+trap 'rm -rf "$T"' EXIT
+
+# Open MPI as root, and the PMIx plugins that work in containers.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export PMIX_MCA_psec=${PMIX_MCA_psec:-native}
+export PMIX_MCA_gds=${PMIX_MCA_gds:-hash}
+# The ranks must not find another init method.
+unset DCOMM_INIT_METHOD MASTER_ADDR MASTER_PORT RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE
+unset SLURM_PROCID SLURM_JOB_ID SLURM_STEP_ID
+export DCOMM_TIMEOUT=60 DCOMM_CONNECT_TIMEOUT=30
+
+passed=0
+failed=0
+n=0
+
+result() { # result STATUS NAME [why]
+  n=$((n + 1))
+  if [ "$1" = 0 ]; then
+    echo "ok $n - $2"
+    passed=$((passed + 1))
+  else
+    echo "not ok $n - $2${3:+ ($3)}"
+    failed=$((failed + 1))
+    for f in "$T/out" "$T/err"; do
+      [ -s "$f" ] && sed "s/^/#   $(basename "$f"): /" "$f" | head -40
+    done
+  fi
+}
+
+# run_np NP ARGS...: mpirun bounded; output in $T/out and $T/err; sets rc.
+run_np() {
+  local np=$1
+  shift
+  timeout -k 5 90 mpirun --allow-run-as-root --oversubscribe -np "$np" "$PROG" "$@" >"$T/out" 2>"$T/err" </dev/null
+  rc=$?
+}
+
+# expect_ok NP NAME ARGS...: every rank printed "ok" and mpirun exited 0.
+expect_ok() {
+  local np=$1 name=$2
+  shift 2
+  run_np "$np" "$@"
+  local oks
+  oks=$(grep -c '^rank [0-9]* ok$' "$T/out")
+  if [ "$rc" = 0 ] && [ "$oks" = "$np" ]; then
+    result 0 "$name"
+  else
+    result 1 "$name" "exit $rc, $oks of $np ranks ok"
+  fi
+}
+
+# A build without PMIx cannot run these: skip rather than fail.
+run_np 1
+if grep -q "built without PMIx" "$T/err"; then
+  echo "pmix_mpirun: dcomm was built without PMIx; skipping"
+  exit 77
+fi
+
+expect_ok 4 "mpirun -np 4: pmix:// all_reduce, broadcast, all_gather, barrier"
+for r in 0 1 2 3; do
+  grep -q "^rank $r ok$" "$T/out" || { result 1 "rank $r reported" "no 'rank $r ok' line"; }
+done
+expect_ok 4 "mpirun -np 4: detected (dcomm_init(NULL, NULL) picks pmix://)" auto
+expect_ok 1 "mpirun -np 1: a world of one" pmix://
+expect_ok 3 "mpirun -np 3: odd world size" pmix://
+expect_ok 3 "mpirun -np 3: init / finalize three times in one process" pmix:// 3
+
+# pmix:// without a PMIx server: a clear DCOMM_EINVAL, quickly.
+(
+  unset PMIX_NAMESPACE PMIX_RANK PMIX_SERVER_URI PMIX_SERVER_URI2 PMIX_SERVER_URI3 PMIX_SERVER_URI4 PMIX_SERVER_URI21 \
+    PMIX_SERVER_URI41
+  timeout -k 5 30 "$PROG" pmix:// >"$T/out" 2>"$T/err" </dev/null
+)
+rc=$?
+if [ "$rc" = 1 ] && grep -q "DCOMM_EINVAL.*no PMIx server" "$T/err"; then
+  result 0 "pmix:// without mpirun: 'no PMIx server'"
+else
+  result 1 "pmix:// without mpirun: 'no PMIx server'" "exit $rc"
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
