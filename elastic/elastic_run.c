@@ -112,15 +112,15 @@ static int joiners_waiting(int *grow) {
   int32_t n = 0;
   *grow = 0;
   if (!dcomm__w.elastic) return 0;
+  long max = dcomm__param_int(DCOMM_P_ELASTIC_MAX_WORLD);
+  if (max > 0 && dcomm__w.size >= max) return 0; /* full: joiners keep waiting */
   if (dcomm_rank() == 0) {
     char key[96];
     int64_t v = 0;
     snprintf(key, sizeof(key), "elastic/join/%ld/n", dcomm__w.generation + 1);
     /* The world store carries this generation's prefix; the join keys have none. */
     if (dcomm__store_set_prefix(dcomm__w.store, "") == 0 && dcomm__store_add(dcomm__w.store, key, 0, &v) == 0) n = (int32_t)v;
-    char prefix[64];
-    snprintf(prefix, sizeof(prefix), "g%ld/", dcomm__w.generation);
-    dcomm__store_set_prefix(dcomm__w.store, prefix);
+    dcomm__world_prefix(&dcomm__w);
   }
   DCOMM_CHECK(dcomm_broadcast(&n, 1, DCOMM_INT32, 0, NULL));
   *grow = n > 0;
@@ -146,7 +146,14 @@ int dcomm_elastic_run(const dcomm_elastic_config_t *cfg) {
       }
       if (rc == 0) step++;
     }
-    if (rc == 0 && !grow) return 0;
+    if (rc == 0 && !grow) {
+      /* Tell members still waiting to join that there is nothing to join. */
+      if (dcomm__w.elastic && dcomm_rank() == 0 && dcomm__store_set_prefix(dcomm__w.store, "") == 0) {
+        dcomm__store_set(dcomm__w.store, "elastic/done", "1", 2);
+        dcomm__world_prefix(&dcomm__w);
+      }
+      return 0;
+    }
     if (grow) {
       dcomm__err(0, "admitting members that wait to join");
     } else if (!dcomm_elastic_recoverable(rc) || !dcomm__w.elastic || recoveries >= max_rec) {

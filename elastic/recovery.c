@@ -69,6 +69,8 @@ static int lead_round(struct dcomm_store *s, long gen) {
   int64_t n = 0;
   for (;;) {
     DCOMM_CHECK(dcomm__store_add(s, key, 0, &n));
+    if (get_long(s, "elastic/done", 0) > 0)
+      return dcomm__err(DCOMM_ENOTMEMBER, "the job finished before this member was admitted");
     long alive = get_long(s, "elastic/alive", -1);
     if (alive > 0 && n >= alive) break;
     if (alive <= 0 && dcomm__now() >= until) break;
@@ -91,6 +93,11 @@ static int lead_round(struct dcomm_store *s, long gen) {
     if (sscanf(buf, "%39s %d", js[k].id, &js[k].old_rank) == 2) js[k++].ticket = (long)t;
   }
   qsort(js, (size_t)k, sizeof(*js), cmp_joiner);
+  long max = dcomm__param_int(DCOMM_P_ELASTIC_MAX_WORLD);
+  if (max > 0 && k > max) {
+    DCOMM_LOG(INFO, ELASTIC, "round %ld: %d members, DCOMM_ELASTIC_MAX_WORLD=%ld admits %ld; the rest wait", gen, k, max, max);
+    k = (int)max;
+  }
   size_t cap = 32 + (size_t)k * 41;
   char *plan = malloc(cap);
   if (!plan) {
@@ -140,6 +147,8 @@ static int wait_plan(struct dcomm_store *s, long gen, void **val, size_t *len) {
     int rc = dcomm__store_get(s, key, 1.0, val, len);
     if (rc != DCOMM_ETIMEDOUT) return rc;
     if (dcomm__now() >= deadline) return rc;
+    if (get_long(s, "elastic/done", 0) > 0)
+      return dcomm__err(DCOMM_ENOTMEMBER, "the job finished before this member was admitted");
     void *lv = NULL;
     size_t ll = 0;
     char leader[96] = "";

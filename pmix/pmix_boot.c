@@ -318,6 +318,12 @@ static void on_event(size_t id, pmix_status_t status, const pmix_proc_t *source,
   void (*cb)(int, void *) = lost_cb;
   void *arg = lost_arg;
   int reported = 0, foreign = 0;
+  /* A process that terminated with exit code 0 finished; it was not lost. */
+  if (status == PMIX_PROC_TERMINATED)
+    for (size_t i = 0; i < ninfo; i++)
+      if (PMIX_CHECK_KEY(&info[i], PMIX_EXIT_CODE) && info[i].value.type == PMIX_INT &&
+          info[i].value.data.integer == 0)
+        cb = NULL;
   if (cb) {
     for (size_t i = 0; i < ninfo; i++) {
       if (PMIX_CHECK_KEY(&info[i], PMIX_EVENT_AFFECTED_PROC) && info[i].value.type == PMIX_PROC) {

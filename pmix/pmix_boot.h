@@ -44,8 +44,9 @@ void dcomm__pmix_finalize(void);
 
 /* After dcomm__pmix_boot: on_lost(rank, arg) runs on PMIx's progress
  * thread (it must not block or call PMIx) for PMIX_ERR_PROC_ABORTED,
- * PMIX_PROC_TERMINATED and PMIX_ERR_LOST_CONNECTION. rank is the affected
- * process of this job, or -1 when unknown (lost connection to the server).
+ * PMIX_PROC_TERMINATED (unless its PMIX_EXIT_CODE is 0) and
+ * PMIX_ERR_LOST_CONNECTION. rank is the affected process of this job, or
+ * -1 when unknown (lost connection to the server).
  * Launchers may deliver none of these: treat it as one signal among
  * several, never as the only failure detector. */
 int dcomm__pmix_register_events(void (*on_lost)(int rank, void *arg), void *arg);

@@ -183,10 +183,14 @@ static int load_members(struct dcomm_world *w) {
   return 0;
 }
 
-int dcomm__world_build(struct dcomm_world *w) {
+int dcomm__world_prefix(struct dcomm_world *w) {
   char prefix[64];
   snprintf(prefix, sizeof(prefix), "g%ld/", w->generation);
-  DCOMM_CHECK(dcomm__store_set_prefix(w->store, prefix));
+  return dcomm__store_set_prefix(w->store, prefix);
+}
+
+int dcomm__world_build(struct dcomm_world *w) {
+  DCOMM_CHECK(dcomm__world_prefix(w));
   dcomm__log_set_identity(w->rank, w->generation);
   char key[64];
   snprintf(key, sizeof(key), "member/%d", w->rank);

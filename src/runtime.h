@@ -58,6 +58,8 @@ extern struct dcomm_world dcomm__w;
 /* runtime.c: builds the world of the current generation (store prefix,
  * backend, world communicator, member table) / releases every comm. */
 int dcomm__world_build(struct dcomm_world *w);
+/* Points the world's store handle at this generation's prefix "g<gen>/". */
+int dcomm__world_prefix(struct dcomm_world *w);
 void dcomm__world_release(struct dcomm_world *w, int aborted);
 
 /* plugin_loader.c */

@@ -43,7 +43,7 @@ START_TEST(test_defaults) {
   ck_assert_int_eq(dcomm__param_bool(DCOMM_P_CHECK_MISMATCH), 1);
   ck_assert_uint_eq(dcomm__param_size(DCOMM_P_STORE_MAX_VALUE), 67108864);
   ck_assert_uint_eq(dcomm__param_size(DCOMM_P_TCP_CHUNK_SIZE), 262144);
-  ck_assert_uint_eq(dcomm__param_size(DCOMM_P_TCP_SMALL_THRESHOLD), 65536);
+  ck_assert_uint_eq(dcomm__param_size(DCOMM_P_TCP_SMALL_THRESHOLD), 262144);
   ck_assert_uint_eq(dcomm__param_size(DCOMM_P_TCP_BUFSIZE), 4194304);
   ck_assert_str_eq(dcomm__param_by_name("DCOMM_BACKEND"), "tcp");
   ck_assert_str_eq(dcomm__param_by_name("DCOMM_TIMEOUT"), "300");
