@@ -64,6 +64,7 @@ struct agent {
   size_t nw, capw;
   int next_rank;
   int restarts;
+  int late_deaths; /* workers that died after another had already exited 0 */
   struct dcomm_store_server *srv;
   struct dcomm_store *st;
   int port; /* the store's actual port */
@@ -99,9 +100,11 @@ static int dead_count(const struct agent *a) {
   return n;
 }
 
+/* Heartbeats are compared on CLOCK_MONOTONIC, which every process of one
+ * host shares and no clock step moves. */
 static double wall_now(void) {
   struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
+  clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
@@ -133,7 +136,7 @@ static void store_warn(struct agent *a, const char *what) {
 
 static void store_set_text(struct agent *a, const char *key, const char *val) {
   if (!a->st) return;
-  if (dcomm__store_set(a->st, key, val, strlen(val)) < 0) store_warn(a, "set");
+  if (dcomm__store_set(a->st, key, val, strlen(val) + 1) < 0) store_warn(a, "set");
 }
 
 static void set_alive(struct agent *a) {
@@ -290,6 +293,7 @@ static void restart_all(struct agent *a) {
 static void apply_policy(struct agent *a, struct run_worker *w) {
   char msg[256];
   int live = live_count(a), any_done = done_count(a) > 0;
+  if (any_done) a->late_deaths++;
   switch (a->o.policy) {
     case RUN_SHRINK:
       if (!any_done && live < a->o.min_nproc) {
@@ -557,6 +561,11 @@ static int run_job(struct agent *a) {
       return 1;
     case PH_RUN:
       break;
+  }
+  if (done > 0 && a->late_deaths) {
+    run_log("job failed: %d worker%s died after the job had started to finish (after %.2f s)", a->late_deaths,
+            a->late_deaths == 1 ? "" : "s", el);
+    return 1;
   }
   if (done > 0) {
     if (dead) run_log("job finished: %d worker%s exited 0, %d died (after %.2f s)", done, done == 1 ? "" : "s", dead,

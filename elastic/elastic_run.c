@@ -58,6 +58,11 @@ int dcomm_checkpoint_load(const char *dir, void **data, size_t *len, uint64_t *s
     return dcomm__err((int)head[0], "no valid checkpoint in %s", dir);
   }
   size_t l = (size_t)head[2];
+  if (l == 0) { /* empty payload: NULL on every rank, as on rank 0 */
+    free(buf);
+    *step = (uint64_t)head[1];
+    return 0;
+  }
   if (dcomm_rank() != 0) {
     buf = malloc(l ? l : 1);
     if (!buf) return dcomm__err(DCOMM_ENOMEM, "out of memory for a %zu-byte checkpoint", l);
@@ -92,16 +97,16 @@ static int restore(const dcomm_elastic_config_t *cfg, uint64_t *next) {
 static int save(const dcomm_elastic_config_t *cfg, uint64_t step) {
   void *data = NULL;
   size_t len = 0;
-  if (dcomm_rank() == 0 && cfg->save) {
-    int rc = cfg->save(&data, &len, cfg->user);
-    if (rc < 0) {
-      free(data);
-      data = NULL;
-      len = 0;
-      DCOMM_LOG(WARN, ELASTIC, "save callback failed at step %" PRIu64 ": checkpoint skipped", step);
-    }
+  int32_t ok = 1;
+  if (dcomm_rank() == 0 && cfg->save && cfg->save(&data, &len, cfg->user) < 0) ok = 0;
+  /* Every rank learns whether there is anything to commit. */
+  int rc = dcomm_broadcast(&ok, 1, DCOMM_INT32, 0, NULL);
+  if (rc == 0 && !ok) {
+    DCOMM_LOG(WARN, ELASTIC, "save callback failed at step %" PRIu64 ": checkpoint skipped", step);
+    free(data);
+    return 0;
   }
-  int rc = dcomm_checkpoint_save(cfg->checkpoint_dir, step, data, len);
+  if (rc == 0) rc = dcomm_checkpoint_save(cfg->checkpoint_dir, step, data, len);
   free(data);
   return rc;
 }
@@ -162,9 +167,16 @@ int dcomm_elastic_run(const dcomm_elastic_config_t *cfg) {
     if (!grow) recoveries++;
     double t0 = dcomm__now();
     struct dcomm_membership_change ch = {.old_world_size = dcomm__w.size, .old_rank = dcomm__w.rank, .error = rc};
-    DCOMM_LOG(WARN, ELASTIC, "failure detected at step %" PRIu64 ": %s", step, dcomm_last_error());
-    int err = dcomm_elastic_recover();
-    if (err == 0) err = restore(cfg, &step);
+    if (grow) DCOMM_LOG(INFO, ELASTIC, "members wait to join: moving to the next generation at step %" PRIu64, step);
+    else DCOMM_LOG(WARN, ELASTIC, "failure detected at step %" PRIu64 ": %s", step, dcomm_last_error());
+    int err;
+    for (;;) { /* another member may fail during the recovery itself */
+      err = dcomm_elastic_recover();
+      if (err == 0) err = restore(cfg, &step);
+      if (err == 0 || !dcomm_elastic_recoverable(err) || recoveries >= max_rec) break;
+      recoveries++;
+      DCOMM_LOG(WARN, ELASTIC, "recovery failed (%s): trying again", dcomm_last_error());
+    }
     if (err < 0) return err;
     ch.new_world_size = dcomm__w.size;
     ch.new_rank = dcomm__w.rank;

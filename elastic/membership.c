@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include "error.h"
@@ -41,10 +40,8 @@ static void *watcher_main(void *arg) {
   char hbkey[128];
   snprintf(hbkey, sizeof(hbkey), "elastic/hb/%s", w->member_id);
   while (!__atomic_load_n(&w->watcher_stop, __ATOMIC_ACQUIRE)) {
-    struct timeval tv;
-    gettimeofday(&tv, NULL);
-    char hb[64];
-    int n = snprintf(hb, sizeof(hb), "%.3f", (double)tv.tv_sec + tv.tv_usec * 1e-6);
+    char hb[64]; /* CLOCK_MONOTONIC: shared by the processes of one host */
+    int n = snprintf(hb, sizeof(hb), "%.3f", dcomm__now());
     if (dcomm__store_set(w->estore, hbkey, hb, (size_t)n + 1) < 0) {
       usleep((useconds_t)(interval * 1e6));
       continue;

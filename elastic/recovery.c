@@ -2,8 +2,8 @@
  * recovery.c: the generation protocol. After a failure in generation g
  * every survivor (and any joiner) registers for round g+1 in the store; the
  * first to register is the round's leader: it closes the round once as
- * many members joined as dcomm-run says are alive (elastic/alive), or when
- * the settle window ends, and publishes the plan, the member ids in rank
+ * many members joined as dcomm-run says are alive (elastic/alive; without
+ * a launcher, when the settle window ends), and publishes the plan, the member ids in rank
  * order (survivors in their old order, then joiners), with a create-only
  * compare_set. Each member takes its rank from the plan, rebuilds the
  * world and every sub-group, and goes on.
@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include "dcomm_elastic.h"
@@ -130,9 +129,7 @@ static int member_gone(struct dcomm_store *s, const char *id) {
   char buf[64] = "";
   if (len < sizeof(buf)) memcpy(buf, val, len);
   free(val);
-  struct timeval tv;
-  gettimeofday(&tv, NULL);
-  double age = (double)tv.tv_sec + tv.tv_usec * 1e-6 - strtod(buf, NULL);
+  double age = dcomm__now() - strtod(buf, NULL); /* CLOCK_MONOTONIC, one host */
   return age > dcomm__param_double(DCOMM_P_HEARTBEAT_TIMEOUT) + 1.0;
 }
 
@@ -210,8 +207,7 @@ static int join_from(struct dcomm_world *w, long gen, int old_rank) {
       __atomic_store_n(&w->generation, gen, __ATOMIC_RELEASE);
       w->rank = rank;
       w->size = size;
-      if (w->local_rank >= size) w->local_rank = rank;
-      if (w->local_size > size) w->local_size = size;
+      if (w->local_size > size) w->local_size = size; /* local_rank stays: it names this process's slot */
       return 0;
     }
     DCOMM_LOG(INFO, ELASTIC, "not in the plan of generation %ld: waiting for the next", gen);
@@ -253,7 +249,10 @@ int dcomm_elastic_recover(void) {
   w->members = NULL;
   int rc = join_from(w, gen + 1, old_rank);
   if (rc == 0) rc = dcomm__world_build(w);
-  if (rc == 0) rc = dcomm__groups_rebuild(old_members, old_size);
+  /* A member left out of a plan missed a generation: the others rebuilt
+   * their groups without it, so it comes back like a joiner, with none. */
+  if (rc == 0) rc = w->generation == gen + 1 ? dcomm__groups_rebuild(old_members, old_size)
+                                             : dcomm__groups_rebuild(old_members, 0);
   free(old_members);
   if (rc < 0) return dcomm__err_ctx(rc, "recovery from generation %ld", gen);
   DCOMM_LOG(INFO, ELASTIC, "generation %ld: rank %d of %d (was %d of %d), rebuilt in %.3f s", w->generation, w->rank,

@@ -189,6 +189,10 @@ int main(int argc, char **argv) {
   if (steps <= 0 || (a.every > 0 && !dir)) usage();
   setvbuf(stdout, NULL, _IOLBF, 0);
   int rc = dcomm_init(NULL, NULL);
+  if (rc == DCOMM_ENOTMEMBER) { /* a joiner the job finished without */
+    fprintf(stderr, "elastic_sgd: %s\n", dcomm_last_error());
+    return 0;
+  }
   if (rc < 0) {
     fprintf(stderr, "elastic_sgd: dcomm_init: %s: %s\n", dcomm_error_name(rc), dcomm_last_error());
     return 1;

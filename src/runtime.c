@@ -278,14 +278,18 @@ int dcomm_init(const char *backend, const char *init_method) {
     uuid_unparse_lower(u, w->member_id);
   }
 
+  if (dcomm__param_bool(DCOMM_P_ELASTIC_JOIN) && (!w->elastic || !spec.agent_store))
+    return dcomm__err(DCOMM_EINVAL, "DCOMM_ELASTIC_JOIN=1 needs elastic mode with a launcher-hosted store "
+                                    "(DCOMM_ELASTIC=1, DCOMM_USE_AGENT_STORE=1, as dcomm-run sets)");
   rc = dcomm__backend_load(backend, &w->be, &w->be_module);
   if (rc < 0) return rc;
   double t0 = dcomm__now();
   if ((rc = setup_store(w, &spec)) < 0) goto fail;
   w->initialized = 1; /* groups and the elastic layer need the world */
+  /* The watcher starts first so that a joiner heartbeats while it waits. */
+  if (w->elastic && (rc = dcomm__elastic_start(w)) < 0) goto fail;
   if (w->elastic && dcomm__param_bool(DCOMM_P_ELASTIC_JOIN) && (rc = dcomm__elastic_join(w)) < 0) goto fail;
   if ((rc = dcomm__world_build(w)) < 0) goto fail;
-  if (w->elastic && (rc = dcomm__elastic_start(w)) < 0) goto fail;
   DCOMM_LOG(INFO, INIT, "initialized: rank %d of %d (local %d of %d), backend %s, job %s, generation %ld, %.3f s",
             w->rank, w->size, w->local_rank, w->local_size, w->be->name, w->job_id, w->generation, dcomm__now() - t0);
   return 0;

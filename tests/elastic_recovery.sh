@@ -79,10 +79,10 @@ sigstop_rank() {
 case_run "kill -9 of rank 2 mid-run, shrink" 3 1 -- --kill-rank 2 --kill-at-step 23
 case_run "kill -9 of rank 0 (the launcher hosts the store)" 3 1 -- --kill-rank 0 --kill-at-step 23
 case_run "kill -9 of ranks 1 and 3 at once" 2 1 -- --kill-rank 1,3 --kill-at-step 31
-case_run "kill -9 of rank 0 inside its checkpoint save" 3 1 -- --kill-rank 0 --kill-at-step 19 --kill-in-save 1
-case_run "a second failure during recovery" 2 2 -- --kill-rank 2 --kill-at-step 23 --kill-in-recovery 1
+case_run "kill -9 of rank 0 in its checkpoint save callback (torn files: check_checkpoint)" 3 1 -- --kill-rank 0 --kill-at-step 19 --kill-in-save 1
+case_run "a second failure right after the rebuild (in on_membership_change)" 2 2 -- --kill-rank 2 --kill-at-step 23 --kill-in-recovery 1
 case_run "a slow survivor is waited for, not left out" 3 1 -- --kill-rank 2 --kill-at-step 23 --slow-rank 3 --slow-ms 3000
-DCOMM_ELASTIC_MAX_WORLD=3 case_run "DCOMM_ELASTIC_MAX_WORLD=3: the replacement waits, the world stays at 3" 3 1 --restart-policy replace -- --kill-rank 3 --kill-at-step 23
+DCOMM_ELASTIC_MAX_WORLD=3 case_run "DCOMM_ELASTIC_MAX_WORLD=3: the replacement waits (heartbeating, 12 s), the world stays at 3" 3 1 --restart-policy replace -- --kill-rank 3 --kill-at-step 23 --sleep-ms 200
 STOP_RANK=1 case_run "SIGSTOP of rank 1 (heartbeat detection)" 3 1 -- --sleep-ms 40
 case_run "replace policy brings the world back to 4" 4 1 --restart-policy replace -- --kill-rank 3 --kill-at-step 23
 case_run "all policy restarts every worker from the checkpoint" 4 0 --restart-policy all --max-restarts 2 -- --kill-rank 1 --kill-at-step 23
