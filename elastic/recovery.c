@@ -245,13 +245,14 @@ int dcomm_elastic_recover(void) {
   DCOMM_CHECK(post_revoke(w, gen, why));
   /* Nothing of generation gen is used again: abort and release it all. */
   dcomm__world_release(w, 1);
-  char(*old_members)[40] = w->members;
+  char(*old_members)[40] = w->members; /* NULL after a failed attempt */
+  if (!old_members) old_size = 0;       /* then the groups cannot be mapped */
   w->members = NULL;
   int rc = join_from(w, gen + 1, old_rank);
   if (rc == 0) rc = dcomm__world_build(w);
   /* A member left out of a plan missed a generation: the others rebuilt
    * their groups without it, so it comes back like a joiner, with none. */
-  if (rc == 0) rc = w->generation == gen + 1 ? dcomm__groups_rebuild(old_members, old_size)
+  if (rc == 0) rc = w->generation == gen + 1 && old_members ? dcomm__groups_rebuild(old_members, old_size)
                                              : dcomm__groups_rebuild(old_members, 0);
   free(old_members);
   if (rc < 0) return dcomm__err_ctx(rc, "recovery from generation %ld", gen);

@@ -1,7 +1,7 @@
 /*
  * init_method.c: parsing of init-method URLs and torchrun's environment
  * variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
- * MASTER_PORT).
+ * MASTER_PORT), srun's (slurm://) and the detection of the launcher.
  */
 #include "config.h"
 #include "init_method.h"
@@ -12,6 +12,8 @@
 
 #include "error.h"
 #include "param.h"
+#include "pmix_boot.h"
+#include "slurm_env.h"
 
 /* Reads an integer variable; absent leaves *out and returns 0 (present=0). */
 static int env_int(const char *name, int *out, int *present) {
@@ -155,15 +157,44 @@ static int parse_file(struct dcomm_init_spec *s, const char *url) {
   return finish(s, url);
 }
 
+/* slurm://: everything from srun's variables; rank 0 hosts the store on
+ * the first node of the step. */
+static int parse_slurm(struct dcomm_init_spec *s) {
+  DCOMM_CHECK(dcomm__slurm_spec(&s->rank, &s->world_size, &s->local_rank, &s->local_size, s->host, sizeof(s->host),
+                                &s->port));
+  s->agent_store = 0;
+  return 0;
+}
+
+static int env_set(const char *name) {
+  const char *v = getenv(name);
+  return v && *v;
+}
+
+/* The init method of this process's launcher, or NULL. */
+static const char *detect(void) {
+  /* A torchrun-style launcher (dcomm-run, torchrun) started inside a SLURM
+   * or PMIx job: its variables describe this process, the outer ones its
+   * launcher. */
+  if (env_set("MASTER_ADDR") && env_set("RANK") && env_set("WORLD_SIZE")) return "env://";
+  if (dcomm__pmix_detect()) return "pmix://";
+  if (dcomm__slurm_detect()) return "slurm://";
+  if (env_set("MASTER_ADDR")) return "env://";
+  return NULL;
+}
+
 int dcomm__init_spec_parse(const char *url, struct dcomm_init_spec *out) {
   memset(out, 0, sizeof(*out));
   if (!url || !*url) url = dcomm__param_str(DCOMM_P_INIT_METHOD);
-  if (!url || !*url) {
-    if (getenv("MASTER_ADDR")) url = "env://";
-    else
-      return dcomm__err(DCOMM_EINVAL,
-                        "no init method: pass one (env://, tcp://host:port?rank=R&world_size=N, file:///path?...) "
-                        "or set MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE");
+  if (!url || !*url) url = detect();
+  if (!url) {
+    if (dcomm__pbs_detect())
+      return dcomm__err(DCOMM_EINVAL, "no init method under PBS (PBS_JOBID is set): start the ranks with mpirun "
+                                      "(pmix://) or set MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE (env://)");
+    return dcomm__err(DCOMM_EINVAL,
+                      "no init method: pass one (env://, tcp://host:port?rank=R&world_size=N, file:///path?..., "
+                      "pmix://, slurm://), start under mpirun or srun, or set MASTER_ADDR, MASTER_PORT, RANK and "
+                      "WORLD_SIZE");
   }
   if (!strncmp(url, "env://", 6)) {
     out->kind = DCOMM_IM_ENV;
@@ -177,5 +208,14 @@ int dcomm__init_spec_parse(const char *url, struct dcomm_init_spec *out) {
     out->kind = DCOMM_IM_FILE;
     return parse_file(out, url);
   }
-  return dcomm__err(DCOMM_EINVAL, "unknown init method '%s' (expected env://, tcp:// or file://)", url);
+  if (!strcmp(url, "pmix://")) {
+    out->kind = DCOMM_IM_PMIX; /* the facts come from PMIx in setup_store */
+    return 0;
+  }
+  if (!strcmp(url, "slurm://")) {
+    out->kind = DCOMM_IM_SLURM;
+    return parse_slurm(out);
+  }
+  return dcomm__err(DCOMM_EINVAL,
+                    "unknown init method '%s' (expected env://, tcp://, file://, pmix:// or slurm://)", url);
 }

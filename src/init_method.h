@@ -1,13 +1,14 @@
 /*
- * init_method.h: turns an init method (env://, tcp://, file://, or none:
- * detect) into the facts dcomm_init needs: rank, world size, local rank,
- * and where the store is. Missing or contradictory values are DCOMM_EINVAL
- * naming the variable.
+ * init_method.h: turns an init method (env://, tcp://, file://, pmix://,
+ * slurm://, or none: detect) into the facts dcomm_init needs: rank, world
+ * size, local rank, and where the store is. Missing or contradictory values
+ * are DCOMM_EINVAL naming the variable. pmix:// is only recognized here:
+ * its facts come from the PMIx server when the store is set up.
  */
 #ifndef DCOMM_INIT_METHOD_H
 #define DCOMM_INIT_METHOD_H
 
-enum dcomm_init_kind { DCOMM_IM_ENV = 1, DCOMM_IM_TCP, DCOMM_IM_FILE };
+enum dcomm_init_kind { DCOMM_IM_ENV = 1, DCOMM_IM_TCP, DCOMM_IM_FILE, DCOMM_IM_PMIX, DCOMM_IM_SLURM };
 
 struct dcomm_init_spec {
   enum dcomm_init_kind kind;
@@ -18,7 +19,10 @@ struct dcomm_init_spec {
   int agent_store; /* 1: a launcher hosts the store; rank 0 starts none */
 };
 
-/* url NULL or "": DCOMM_INIT_METHOD, else env:// when MASTER_ADDR is set. */
+/* url NULL or "": DCOMM_INIT_METHOD, else detected: env:// when MASTER_ADDR,
+ * RANK and WORLD_SIZE are all set (a torchrun-style launcher, also inside
+ * a SLURM or PMIx job), else pmix:// under a PMIx server, else slurm://
+ * when SLURM_PROCID is set, else env:// when MASTER_ADDR is set. */
 int dcomm__init_spec_parse(const char *url, struct dcomm_init_spec *out);
 
 #endif

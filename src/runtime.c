@@ -19,6 +19,7 @@
 #include "init_method.h"
 #include "log.h"
 #include "param.h"
+#include "pmix_boot.h"
 #include "reduce.h"
 #include "sock.h"
 #include "store.h"
@@ -109,9 +110,48 @@ static void fill_host(struct dcomm_world *w) {
 
 /* ---- init / finalize ---- */
 
-static int setup_store(struct dcomm_world *w, const struct dcomm_init_spec *spec) {
+/* pmix://, rank 0: hosts the store (DCOMM_STORE_PORT, else any port) and
+ * says where; host "" lets PMIx boot pick this host's address. */
+static int pmix_host_store(void *arg, char *host, size_t hostlen, int *port) {
+  struct dcomm_world *w = arg;
+  long want = dcomm__param_int(DCOMM_P_STORE_PORT);
+  if (want < 0 || want > 65535) return dcomm__err(DCOMM_EINVAL, "DCOMM_STORE_PORT=%ld is not a port number", want);
+  int rc = dcomm__store_server_start(NULL, (int)want, w->job_id, w->token, &w->server);
+  if (rc < 0) return dcomm__err_ctx(rc, "rank 0 cannot host the store on port %ld (DCOMM_STORE_PORT)", want);
+  *port = dcomm__store_server_port(w->server);
+  snprintf(host, hostlen, "%s", dcomm__param_str(DCOMM_P_SOCKET_IFADDR));
+  return 0;
+}
+
+/* Runs on PMIx's thread: must not block. Failures are detected by the
+ * backend anyway; this only says early who is gone. */
+static void pmix_on_lost(int rank, void *arg) {
+  if (rank >= 0) DCOMM_LOG(WARN, PMIX, "the PMIx server reports rank %d lost", rank);
+  else DCOMM_LOG(WARN, PMIX, "the PMIx server reports a lost process or connection");
+}
+
+/* pmix://: identity from PMIx, rank 0's store address through the modex. */
+static int setup_pmix(struct dcomm_world *w, struct dcomm_init_spec *spec, double timeout) {
+  struct dcomm_pmix_boot b;
+  DCOMM_CHECK(dcomm__pmix_boot(&b, timeout, pmix_host_store, w));
+  w->rank = spec->rank = b.rank;
+  w->size = spec->world_size = b.size;
+  w->local_rank = spec->local_rank = b.local_rank;
+  w->local_size = spec->local_size = b.local_size;
+  snprintf(spec->host, sizeof(spec->host), "%s", b.store_host);
+  spec->port = b.store_port;
+  spec->agent_store = 1; /* already started by pmix_host_store on rank 0 */
+  dcomm__log_set_identity(w->rank, w->generation);
+  if (dcomm__pmix_register_events(pmix_on_lost, w) < 0)
+    DCOMM_LOG(INFO, PMIX, "no PMIx event handler: %s", dcomm_last_error());
+  return 0;
+}
+
+/* pmix:// fills in the spec (identity and store address) first. */
+static int setup_store(struct dcomm_world *w, struct dcomm_init_spec *spec) {
   double timeout = dcomm__param_double(DCOMM_P_TIMEOUT);
   double ctimeout = dcomm__param_double(DCOMM_P_CONNECT_TIMEOUT);
+  if (spec->kind == DCOMM_IM_PMIX) DCOMM_CHECK(setup_pmix(w, spec, ctimeout));
   if (spec->kind == DCOMM_IM_FILE) {
     snprintf(file_store_path, sizeof(file_store_path), "%s", spec->path);
     DCOMM_CHECK(dcomm__store_file_open(spec->path, timeout, &w->store));
@@ -126,7 +166,11 @@ static int setup_store(struct dcomm_world *w, const struct dcomm_init_spec *spec
   file_store_path[0] = 0;
   if (spec->rank == 0 && !spec->agent_store) {
     int rc = dcomm__store_server_start(NULL, spec->port, w->job_id, w->token, &w->server);
-    if (rc < 0) return dcomm__err_ctx(rc, "rank 0 cannot host the store on port %d (is MASTER_PORT in use?)", spec->port);
+    if (rc < 0)
+      return dcomm__err_ctx(rc, "rank 0 cannot host the store on port %d (is %s in use?)", spec->port,
+                            spec->kind == DCOMM_IM_SLURM ? "the port derived from SLURM_JOB_ID and SLURM_STEP_ID "
+                                                           "(set DCOMM_STORE_PORT)"
+                                                         : "MASTER_PORT");
   }
   int rc = dcomm__store_tcp_connect(spec->host, spec->port, w->job_id, w->token, ctimeout, timeout, &w->store);
   if (rc < 0) return dcomm__err_ctx(rc, "cannot reach the store at %s:%d", spec->host, spec->port);
@@ -241,6 +285,7 @@ static void teardown(struct dcomm_world *w) {
   w->estore = NULL;
   if (w->server) dcomm__store_server_stop(w->server);
   w->server = NULL;
+  dcomm__pmix_finalize(); /* no-op unless pmix:// booted */
   w->initialized = 0;
   w->new_groups = 0;
 }
@@ -266,6 +311,10 @@ int dcomm_init(const char *backend, const char *init_method) {
   dcomm__log_set_identity(w->rank, w->generation);
   const char *job = dcomm__param_str(DCOMM_P_JOB_ID);
   snprintf(w->job_id, sizeof(w->job_id), "%s", *job ? job : "default");
+  /* slurm:// derives its port, so two steps may meet on one: their job ids
+   * differ, so the handshake refuses the wrong store. */
+  if (!*job && spec.kind == DCOMM_IM_SLURM && getenv("SLURM_JOB_ID") && getenv("SLURM_STEP_ID"))
+    snprintf(w->job_id, sizeof(w->job_id), "slurm-%.100s.%.100s", getenv("SLURM_JOB_ID"), getenv("SLURM_STEP_ID"));
   snprintf(w->token, sizeof(w->token), "%s", dcomm__param_str(DCOMM_P_AUTH_TOKEN));
   if (strlen(w->job_id) > DCOMM_HS_MAX_JOB) return dcomm__err(DCOMM_EINVAL, "DCOMM_JOB_ID is longer than %d bytes", DCOMM_HS_MAX_JOB);
   const char *mid = dcomm__param_str(DCOMM_P_MEMBER_ID);
