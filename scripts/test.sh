@@ -29,6 +29,7 @@ run_build() { # dir, configure args...
 run_build "$top/build"
 if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+  export LSAN_OPTIONS=suppressions=$top/tests/lsan.supp:print_suppressions=0
   run_build "$top/build-asan" --enable-sanitizers
 fi
 total_pass=$(cat "$top"/build*/check.out | grep -c '^PASS:' || true)
