@@ -8,12 +8,10 @@
 #include <string.h>
 
 #include "dcomm.h"
+#include "runtime.h"
 
-static uint64_t hash_key(const char *k, size_t n) {
-  uint64_t h = 1469598103934665603ull; /* FNV-1a */
-  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)k[i]) * 1099511628211ull;
-  return h;
-}
+/* The project's one FNV-1a (runtime.c), unseeded. */
+static uint64_t hash_key(const char *k, size_t n) { return dcomm__hash64(0, k, n); }
 
 struct dcomm_kv *dcomm__kvmap_find(const struct dcomm_kvmap *m, const char *k, size_t kl) {
   if (!m->nb) return NULL;
