@@ -1,8 +1,10 @@
 /*
  * dcomm_run.c: dcomm-run, the launcher/agent of dcomm (torchrun's role).
  *
- * It hosts the job's store (the embedded TCP server, authenticated with a
- * per-job random token) so that any worker, rank 0 included, may die; starts
+ * With the static backend it hosts the job's store (the embedded TCP
+ * server, authenticated with a per-job random token) so that any worker,
+ * rank 0 included, may die; with the etcd backend (run_rdzv.c) the store
+ * is etcd and one agent runs per node, registered under a lease. It starts
  * N workers with torchrun's and dcomm's environment; prints their output
  * prefixed with their rank; watches their exits and heartbeats; and applies
  * the restart policy when one dies:
@@ -11,7 +13,8 @@
  *   all      every worker is stopped, the store restarted, all N started again.
  *
  * Store keys it maintains (no prefix, decimal text):
- *   elastic/alive         number of live workers it manages
+ *   rdzv/agents/n         node slots taken (this agent took one)
+ *   rdzv/agent/<slot>     "live nproc host pid": its live workers
  *   elastic/revoke/<g>    death notice for generation g (read from elastic/gen)
  * and it reads elastic/hb/<member-id>, the workers' heartbeats (epoch seconds).
  *
@@ -67,6 +70,8 @@ struct agent {
   int late_deaths; /* workers that died after another had already exited 0 */
   struct dcomm_store_server *srv;
   struct dcomm_store *st;
+  struct run_rdzv *rdzv; /* etcd backend */
+  int slot;              /* this node's slot */
   int port; /* the store's actual port */
   char token[33];
   int sfd;
@@ -108,9 +113,10 @@ static double wall_now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* "host:port", "[v6]:port". */
+/* "host:port", "[v6]:port"; etcd: the endpoint list. */
 static const char *endpoint(const struct agent *a) {
   static char buf[300];
+  if (a->o.etcd) return a->o.endpoints;
   snprintf(buf, sizeof(buf), strchr(a->o.host, ':') ? "[%s]:%d" : "%s:%d", a->o.host, a->port);
   return buf;
 }
@@ -139,10 +145,16 @@ static void store_set_text(struct agent *a, const char *key, const char *val) {
   if (dcomm__store_set(a->st, key, val, strlen(val) + 1) < 0) store_warn(a, "set");
 }
 
+/* This node's record, which the rounds' leaders read. */
 static void set_alive(struct agent *a) {
-  char v[16];
-  snprintf(v, sizeof(v), "%d", live_count(a));
-  store_set_text(a, "elastic/alive", v);
+  if (a->rdzv) {
+    if (run_rdzv_update(a->rdzv, live_count(a)) < 0) store_warn(a, "update of the node record");
+    return;
+  }
+  char v[128], key[64];
+  snprintf(v, sizeof(v), "%d %d static %d", live_count(a), a->o.nproc, (int)getpid());
+  snprintf(key, sizeof(key), "rdzv/agent/%d", a->slot);
+  store_set_text(a, key, v);
 }
 
 /* Reads a short text value without waiting; 1 found, 0 absent, -1 error. */
@@ -170,6 +182,9 @@ static int store_start(struct agent *a) {
   rc = dcomm__store_tcp_connect(a->o.host, a->port, a->o.job_id, a->token, STORE_TIMEOUT_S, STORE_TIMEOUT_S,
                                 &a->st);
   if (rc == 0) rc = dcomm__store_set_prefix(a->st, "");
+  int64_t slot = 0;
+  if (rc == 0) rc = dcomm__store_add(a->st, "rdzv/agents/n", 1, &slot);
+  a->slot = (int)slot;
   if (rc < 0) {
     if (a->st) dcomm__store_close(a->st);
     a->st = NULL;
@@ -227,7 +242,9 @@ static struct run_worker *spawn_one(struct agent *a, int rank, int local_rank, i
     run_log("cannot start worker %d: out of memory", rank);
     return NULL;
   }
-  struct run_env e = {.addr = a->o.host,
+  struct run_env e = {.etcd = a->o.etcd ? a->o.endpoints : NULL,
+                      .slot = a->slot,
+                      .addr = a->o.host,
                       .port = a->port,
                       .token = a->token,
                       .job_id = a->o.job_id,
@@ -278,7 +295,7 @@ static void restart_all(struct agent *a) {
     nanosleep(&ts, NULL);
   }
   if (rc < 0) {
-    char msg[400];
+    char msg[1600];
     snprintf(msg, sizeof(msg), "cannot restart the store on %s: %s", endpoint(a), dcomm_last_error());
     fail_job(a, msg);
     return;
@@ -425,6 +442,12 @@ static void tick(struct agent *a) {
     }
     a->hard_killed = 1;
   }
+  char why[300];
+  if (a->phase == PH_RUN && a->rdzv && run_rdzv_lost(a->rdzv, why, sizeof(why))) {
+    char msg[400];
+    snprintf(msg, sizeof(msg), "this node left the job: %s", why);
+    fail_job(a, msg);
+  }
   if (a->phase == PH_RUN) heartbeat_check(a);
   for (size_t i = 0; i < a->nw; i++) {
     struct run_worker *w = a->w[i];
@@ -524,14 +547,24 @@ static double heartbeat_timeout(void) {
 }
 
 static int run_job(struct agent *a) {
-  int rc = store_start(a);
-  if (rc < 0) {
-    run_log("cannot host the store on %s: %s", endpoint(a), dcomm_last_error());
-    return 1;
+  if (a->o.etcd) {
+    if (run_rdzv_open(&a->o, &a->rdzv, &a->st, a->token, &a->slot) < 0) {
+      run_log("etcd rendezvous at %s failed: %s", endpoint(a), dcomm_last_error());
+      return 1;
+    }
+    run_log("node slot %d of job %s (etcd %s, --nnodes %d:%d): starting %d worker%s of '%s' (policy %s)", a->slot,
+            a->o.job_id, endpoint(a), a->o.min_nodes, a->o.max_nodes, a->o.nproc, a->o.nproc == 1 ? "" : "s",
+            a->o.argv[0], run_policy_name(a->o.policy));
+  } else {
+    int rc = store_start(a);
+    if (rc < 0) {
+      run_log("cannot host the store on %s: %s", endpoint(a), dcomm_last_error());
+      return 1;
+    }
+    run_log("starting %d worker%s of '%s' (endpoint %s, job id %s, policy %s, max restarts %d)", a->o.nproc,
+            a->o.nproc == 1 ? "" : "s", a->o.argv[0], endpoint(a), a->o.job_id, run_policy_name(a->o.policy),
+            a->o.max_restarts);
   }
-  run_log("starting %d worker%s of '%s' (endpoint %s, job id %s, policy %s, max restarts %d)", a->o.nproc,
-          a->o.nproc == 1 ? "" : "s", a->o.argv[0], endpoint(a), a->o.job_id, run_policy_name(a->o.policy),
-          a->o.max_restarts);
   a->phase = PH_RUN;
   spawn_all(a);
   double next_tick = dcomm__now() + TICK_S;
@@ -589,7 +622,7 @@ int main(int argc, char **argv) {
   a.hb_timeout = heartbeat_timeout();
   a.port = a.o.port;
 
-  unsigned char r[16];
+  unsigned char r[16]; /* the etcd backend replaces it by the job's */
   if (RAND_bytes(r, sizeof(r)) != 1) {
     run_log("RAND_bytes failed; cannot make the job's token");
     return 1;
@@ -631,6 +664,7 @@ int main(int argc, char **argv) {
   free_workers(&a);
   free(a.w);
   store_stop(&a);
+  run_rdzv_close(a.rdzv, code == 0);
   close(a.sfd);
   return code;
 }

@@ -946,6 +946,28 @@ int dcomm__etcd_cas(struct dcomm_etcd *c, const char *key, int64_t mod_revision,
                     done, current);
 }
 
+int dcomm__etcd_delete_prefix_if(struct dcomm_etcd *c, const char *prefix, const char *key, int64_t mod_revision,
+                                 int *done) {
+  const char *what = "txn delete-if";
+  if (done) *done = 0;
+  DCOMM_CHECK(check_key(c, key, what));
+  if (!prefix || !*prefix) return dcomm__err(DCOMM_EINVAL, "etcd %s: empty prefix", what);
+  json_t *cmp = cmp_i64("MOD", "mod_revision", mod_revision);
+  json_t *req = NULL;
+  if (cmp && jset_b64(cmp, "key", key, strlen(key)) == 0) {
+    req = json_pack("{s:[o], s:[{s:o}]}", "compare", cmp, "success", "request_delete_range", range_obj(prefix, 1));
+    cmp = NULL;
+  }
+  json_decref(cmp);
+  json_t *resp;
+  DCOMM_CHECK(call(c, what, "/v3/kv/txn", req, -1, 0, &resp));
+  int ok = 0;
+  int rc = j_bool(resp, "succeeded", &ok, what);
+  json_decref(resp);
+  if (rc == 0 && done) *done = ok;
+  return rc;
+}
+
 int dcomm__etcd_cas_value(struct dcomm_etcd *c, const char *key, const void *expected, size_t elen, const void *val,
                           size_t len, int *done, struct dcomm_etcd_kv *current) {
   if (elen && !expected) return dcomm__err(DCOMM_EINVAL, "etcd cas: NULL expected value of %zu bytes", elen);
@@ -1445,6 +1467,11 @@ int dcomm__etcd_create_if_absent(struct dcomm_etcd *c, const char *key, const vo
 }
 int dcomm__etcd_cas(struct dcomm_etcd *c, const char *key, int64_t mod_revision, const void *val, size_t len,
                     int64_t lease, int *done, struct dcomm_etcd_kv *current) {
+  return NOTSUP();
+}
+int dcomm__etcd_delete_prefix_if(struct dcomm_etcd *c, const char *prefix, const char *key, int64_t mod_revision,
+                                 int *done) {
+  (void)c, (void)prefix, (void)key, (void)mod_revision, (void)done;
   return NOTSUP();
 }
 int dcomm__etcd_cas_value(struct dcomm_etcd *c, const char *key, const void *expected, size_t elen, const void *val,

@@ -88,6 +88,11 @@ int dcomm__etcd_cas(struct dcomm_etcd *c, const char *key, int64_t mod_revision,
 int dcomm__etcd_cas_value(struct dcomm_etcd *c, const char *key, const void *expected, size_t elen, const void *val,
                           size_t len, int *done, struct dcomm_etcd_kv *current);
 
+/* Deletes every key starting with prefix only if key's mod_revision
+ * equals mod_revision (0: key absent). */
+int dcomm__etcd_delete_prefix_if(struct dcomm_etcd *c, const char *prefix, const char *key, int64_t mod_revision,
+                                 int *done);
+
 /* Leases. ttl in seconds (etcd's minimum is about 2). keepalive renews once;
  * a lease that is gone (expired or revoked) is DCOMM_ENOTFOUND. */
 int dcomm__etcd_lease_grant(struct dcomm_etcd *c, int64_t ttl, int64_t *id, int64_t *granted_ttl);

@@ -1,15 +1,21 @@
 /*
  * recovery.c: the generation protocol. After a failure in generation g
  * every survivor (and any joiner) registers for round g+1 in the store; the
- * first to register is the round's leader: it closes the round once as
- * many members joined as dcomm-run says are alive (elastic/alive; without
- * a launcher, when the settle window ends), and publishes the plan, the member ids in rank
- * order (survivors in their old order, then joiners), with a create-only
- * compare_set. Each member takes its rank from the plan, rebuilds the
- * world and every sub-group, and goes on.
+ * first to register is the round's leader. It closes the round when the
+ * launchers say every live member has joined, or, without a launcher, when
+ * the settle window ends; then it publishes the plan, the member ids in
+ * rank order (survivors in their old order, then joiners by node slot and
+ * local rank), with a create-only compare_set. Each member takes its rank
+ * from the plan, rebuilds the world and every sub-group, and goes on.
+ * The first round of a job formed by rendezvous (no elastic/gen yet) is
+ * the same with only joiners, and stays open DCOMM_ELASTIC_SETTLE longer
+ * for more nodes, up to the maximum.
  *
- * Keys (no prefix): elastic/gen, elastic/revoke/<g>, elastic/alive,
- * elastic/join/<g>/n, elastic/join/<g>/m/<ticket>, elastic/plan/<g>.
+ * Keys (no prefix): elastic/gen, elastic/revoke/<g>, elastic/join/<g>/n,
+ * elastic/join/<g>/m/<ticket> ("member-id old-rank slot local-rank"),
+ * elastic/plan/<g>; written by the launchers (dcomm-run, one per node):
+ * rdzv/agents/n (slots taken), rdzv/agent/<slot> ("live nproc host", gone
+ * with the node: an etcd lease) and rdzv/nnodes ("min max").
  */
 #include "config.h"
 
@@ -26,17 +32,23 @@
 #include "sock.h"
 #include "store.h"
 
+#define DCOMM_MAX_SLOTS 1024 /* node slots a job may hand out */
+
 struct joiner {
   char id[40];
   int old_rank;
+  int slot, local_rank; /* its launcher's node slot (0: none) and local rank */
   long ticket;
 };
 
 static int cmp_joiner(const void *a, const void *b) {
   const struct joiner *x = a, *y = b;
-  /* survivors first, by old rank; joiners (old rank -1) after, by ticket */
+  /* survivors first, by old rank; joiners (old rank -1) after, by node
+   * slot and local rank (so a node's ranks are contiguous), then ticket */
   if ((x->old_rank < 0) != (y->old_rank < 0)) return x->old_rank < 0 ? 1 : -1;
   if (x->old_rank != y->old_rank) return x->old_rank < y->old_rank ? -1 : 1;
+  if (x->slot != y->slot) return x->slot < y->slot ? -1 : 1;
+  if (x->local_rank != y->local_rank) return x->local_rank < y->local_rank ? -1 : 1;
   return x->ticket < y->ticket ? -1 : x->ticket > y->ticket;
 }
 
@@ -54,28 +66,107 @@ static long get_long(struct dcomm_store *s, const char *key, long dflt) {
   return v;
 }
 
+/* What the launchers say: live nodes and the workers they run. */
+struct launchers {
+  int nodes;            /* agent slots whose record exists (0: no launcher) */
+  long workers;         /* live workers of those nodes */
+  int min_nodes, max_nodes; /* rdzv/nnodes; 0: not set */
+  int live_slot[DCOMM_MAX_SLOTS]; /* 1: the slot's node is alive */
+};
+
+static int slot_alive(const struct launchers *l, int slot) {
+  return slot > 0 && slot < DCOMM_MAX_SLOTS && l->live_slot[slot];
+}
+
+static void read_launchers(struct dcomm_store *s, struct launchers *l) {
+  memset(l, 0, sizeof(*l));
+  long slots = get_long(s, "rdzv/agents/n", 0);
+  if (slots >= DCOMM_MAX_SLOTS) slots = DCOMM_MAX_SLOTS - 1;
+  for (long i = 1; i <= slots; i++) {
+    char key[64];
+    void *val = NULL;
+    size_t len = 0;
+    snprintf(key, sizeof(key), "rdzv/agent/%ld", i);
+    if (dcomm__store_get(s, key, 0.001, &val, &len) == 0 && len > 0 && len < 512) {
+      char buf[512];
+      long live = 0;
+      memcpy(buf, val, len);
+      buf[len] = 0;
+      if (sscanf(buf, "%ld", &live) == 1 && live >= 0) {
+        l->nodes++;
+        l->workers += live;
+        l->live_slot[i] = 1;
+      }
+    }
+    free(val);
+  }
+  void *val = NULL;
+  size_t len = 0;
+  if (dcomm__store_get(s, "rdzv/nnodes", 0.001, &val, &len) == 0 && len > 0 && len < 64) {
+    char buf[64];
+    memcpy(buf, val, len);
+    buf[len] = 0;
+    if (sscanf(buf, "%d %d", &l->min_nodes, &l->max_nodes) != 2) l->min_nodes = l->max_nodes = 0;
+  }
+  free(val);
+}
+
+/* With a maximum node count, only members of the first max_nodes nodes
+ * (in plan order: the survivors' nodes come first) are admitted; members
+ * of other nodes wait for a later round. Returns the new count. */
+static int admit_nodes(struct joiner *js, int k, int max_nodes, long gen) {
+  if (max_nodes <= 0) return k;
+  int nodes[DCOMM_MAX_SLOTS], nn = 0, out = 0;
+  for (int i = 0; i < k; i++) {
+    int known = js[i].slot <= 0;
+    for (int j = 0; j < nn && !known; j++) known = nodes[j] == js[i].slot;
+    if (!known) {
+      if (nn >= max_nodes) continue;
+      nodes[nn++] = js[i].slot;
+    }
+    js[out++] = js[i];
+  }
+  if (out < k) DCOMM_LOG(INFO, ELASTIC, "round %ld: %d nodes admitted (the maximum); %d members wait", gen, nn, k - out);
+  return out;
+}
+
 /* The leader closes round gen and writes the plan. */
 static int lead_round(struct dcomm_store *s, long gen) {
   char key[128];
   snprintf(key, sizeof(key), "elastic/join/%ld/n", gen);
-  /* With a launcher, elastic/alive says how many members to wait for: the
+  /* With launchers, their records say how many members to wait for: the
    * round stays open until all of them joined (a slow survivor must not be
-   * left out, or the job would split in two); the launcher lowers the count
-   * when a member dies or hangs. Without one, the settle window closes it. */
+   * left out, or the job would split in two); a launcher lowers its count
+   * when a member dies or hangs, and a dead node's record disappears with
+   * its lease. Without one, the settle window closes the round. */
   double settle = dcomm__param_double(DCOMM_P_ELASTIC_SETTLE);
   double until = dcomm__now() + settle;
   double hard = dcomm__now() + s->timeout;
+  int first = get_long(s, "elastic/gen", -1) < 0; /* the job's first world */
+  double full_since = 0;                          /* first round: min nodes, all joined */
   int64_t n = 0;
+  struct launchers l;
   for (;;) {
     DCOMM_CHECK(dcomm__store_add(s, key, 0, &n));
     if (get_long(s, "elastic/done", 0) > 0)
       return dcomm__err(DCOMM_ENOTMEMBER, "the job finished before this member was admitted");
-    long alive = get_long(s, "elastic/alive", -1);
-    if (alive > 0 && n >= alive) break;
-    if (alive <= 0 && dcomm__now() >= until) break;
-    if (dcomm__now() >= hard)
+    read_launchers(s, &l);
+    if (l.nodes > 0) {
+      int ready = n >= l.workers && l.nodes >= l.min_nodes;
+      if (ready && (!first || (l.max_nodes > 0 && l.nodes >= l.max_nodes))) break;
+      if (ready && !full_since) full_since = dcomm__now();
+      if (!ready) full_since = 0;
+      if (ready && dcomm__now() - full_since >= settle) break;
+    } else if (dcomm__now() >= until) {
+      break;
+    }
+    if (dcomm__now() >= hard) {
+      if (l.nodes > 0 && l.nodes < l.min_nodes)
+        return dcomm__err(DCOMM_ETIMEDOUT, "round %ld: %d node%s alive, fewer than the minimum %d, until the timeout",
+                          gen, l.nodes, l.nodes == 1 ? "" : "s", l.min_nodes);
       return dcomm__err(DCOMM_ETIMEDOUT, "round %ld: only %lld of %ld members joined before the timeout", gen,
-                        (long long)n, alive);
+                        (long long)n, l.workers);
+    }
     usleep(5000);
   }
   struct joiner *js = calloc((size_t)n, sizeof(*js));
@@ -89,9 +180,17 @@ static int lead_round(struct dcomm_store *s, long gen) {
     char buf[96] = "";
     if (len < sizeof(buf)) memcpy(buf, val, len);
     free(val);
-    if (sscanf(buf, "%39s %d", js[k].id, &js[k].old_rank) == 2) js[k++].ticket = (long)t;
+    struct joiner *j = &js[k];
+    j->slot = j->local_rank = 0;
+    if (sscanf(buf, "%39s %d %d %d", j->id, &j->old_rank, &j->slot, &j->local_rank) < 2) continue;
+    /* A joiner whose node is gone died with it; a survivor may still be
+     * alive, its launcher merely slower to be seen: it is kept. */
+    if (l.nodes > 0 && j->old_rank < 0 && j->slot > 0 && !slot_alive(&l, j->slot)) continue;
+    j->ticket = (long)t;
+    k++;
   }
   qsort(js, (size_t)k, sizeof(*js), cmp_joiner);
+  k = admit_nodes(js, k, l.max_nodes, gen);
   long max = dcomm__param_int(DCOMM_P_ELASTIC_MAX_WORLD);
   if (max > 0 && k > max) {
     DCOMM_LOG(INFO, ELASTIC, "round %ld: %d members, DCOMM_ELASTIC_MAX_WORLD=%ld admits %ld; the rest wait", gen, k, max, max);
@@ -115,21 +214,26 @@ static int lead_round(struct dcomm_store *s, long gen) {
   if (rc < 0) return rc;
   char g[32];
   int gl = snprintf(g, sizeof(g), "%ld", gen);
+  if (first) DCOMM_CHECK(dcomm__store_set(s, "elastic/first", g, (size_t)gl + 1));
   return dcomm__store_set(s, "elastic/gen", g, (size_t)gl + 1);
 }
 
 /* 1 if the member's heartbeat (written by its watcher thread, which runs
- * even while its main thread is busy) is older than the timeout. */
+ * even while its main thread is busy) is older than the timeout: by the
+ * monotonic clock on the same boot, else by the wall clock. */
 static int member_gone(struct dcomm_store *s, const char *id) {
   char key[96];
   snprintf(key, sizeof(key), "elastic/hb/%s", id);
   void *val = NULL;
   size_t len = 0;
   if (dcomm__store_get(s, key, 0.001, &val, &len) < 0) return 0; /* no heartbeats: cannot tell */
-  char buf[64] = "";
+  char buf[128] = "", boot[40] = "";
   if (len < sizeof(buf)) memcpy(buf, val, len);
   free(val);
-  double age = dcomm__now() - strtod(buf, NULL); /* CLOCK_MONOTONIC, one host */
+  double mono = 0, real = 0;
+  int n = sscanf(buf, "%lf %lf %39s", &mono, &real, boot);
+  if (n < 1) return 0;
+  double age = n == 3 && strcmp(boot, dcomm__boot_id()) ? dcomm__realtime() - real : dcomm__now() - mono;
   return age > dcomm__param_double(DCOMM_P_HEARTBEAT_TIMEOUT) + 1.0;
 }
 
@@ -166,7 +270,8 @@ static int join_round(struct dcomm_world *w, long gen, int old_rank, int *rank, 
   int64_t ticket = 0;
   snprintf(key, sizeof(key), "elastic/join/%ld/n", gen);
   DCOMM_CHECK(dcomm__store_add(s, key, 1, &ticket));
-  int ml = snprintf(me, sizeof(me), "%s %d", w->member_id, old_rank);
+  int ml = snprintf(me, sizeof(me), "%s %d %ld %d", w->member_id, old_rank,
+                    (long)dcomm__param_int(DCOMM_P_AGENT_SLOT), w->local_rank);
   snprintf(key, sizeof(key), "elastic/join/%ld/m/%lld", gen, (long long)ticket);
   DCOMM_CHECK(dcomm__store_set(s, key, me, (size_t)ml + 1));
   if (ticket == 1) DCOMM_CHECK(lead_round(s, gen));
@@ -219,7 +324,11 @@ int dcomm__elastic_join(struct dcomm_world *w) {
   DCOMM_CHECK(dcomm__store_set_prefix(w->store, ""));
   long gen = get_long(w->store, "elastic/gen", 0);
   DCOMM_LOG(INFO, ELASTIC, "joining the job after generation %ld", gen);
-  return join_from(w, gen + 1, -1);
+  DCOMM_CHECK(join_from(w, gen + 1, -1));
+  /* The job's first world: generation 0 from the launch ranks, or the
+   * first round of a rendezvous (elastic/first). */
+  w->joiner = w->generation > get_long(w->store, "elastic/first", 0);
+  return 0;
 }
 
 static int post_revoke(struct dcomm_world *w, long gen, const char *why) {
@@ -263,6 +372,7 @@ int dcomm_elastic_recover(void) {
 
 long dcomm_generation(void) { return dcomm__w.initialized ? dcomm__w.generation : DCOMM_ENOTINIT; }
 int dcomm_elastic_enabled(void) { return dcomm__w.initialized && dcomm__w.elastic; }
+int dcomm_elastic_is_joiner(void) { return dcomm__w.initialized && dcomm__w.elastic && dcomm__w.joiner; }
 const char *dcomm_member_id(void) { return dcomm__w.initialized ? dcomm__w.member_id : NULL; }
 int dcomm_elastic_recoverable(int err) {
   return err == DCOMM_EPEERLOST || err == DCOMM_EREVOKED || err == DCOMM_ETIMEDOUT;

@@ -22,6 +22,9 @@ struct run_opts {
   int port;              /* --rdzv-endpoint port; 0: any free port */
   int explicit_id;       /* --rdzv-id was given */
   char job_id[256];      /* --rdzv-id, else "dcomm-" + 8 hex */
+  int etcd;              /* --rdzv-backend etcd */
+  char endpoints[1024];  /* etcd: --rdzv-endpoint H1:P1,H2:P2 */
+  int min_nodes, max_nodes; /* --nnodes MIN:MAX (etcd; static: 1:1) */
   char **argv;           /* the program and its arguments (into main's argv) */
 };
 
@@ -58,6 +61,8 @@ struct run_worker {
 
 /* What every worker's environment is made of. */
 struct run_env {
+  const char *etcd; /* etcd endpoints (workers use etcd://); NULL: the agent's store */
+  int slot;         /* DCOMM_AGENT_SLOT */
   const char *addr; /* MASTER_ADDR */
   int port;         /* MASTER_PORT */
   const char *token;
@@ -81,5 +86,24 @@ void run_stream_close(struct run_stream *s, int rank, int quiet);
 void run_describe_status(int status, char *buf, size_t n);
 /* One line "dcomm-run: ..." on stderr, written at once. */
 void run_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- run_rdzv.c: the etcd rendezvous ---- */
+
+struct dcomm_store;
+struct run_rdzv;
+/* Connects to etcd, clears a finished earlier job with the same id, agrees
+ * on the job token and --nnodes, takes a node slot and registers it under
+ * a lease; starts the keepalive and watch threads. *st: a store on the
+ * job's etcd namespace for the caller's thread. -1 on error (explained by
+ * dcomm_last_error). */
+int run_rdzv_open(const struct run_opts *o, struct run_rdzv **out, struct dcomm_store **st, char token[33],
+                  int *slot);
+/* Writes this node's record: live workers, nproc, host, pid. */
+int run_rdzv_update(struct run_rdzv *r, int live);
+/* 1 when this node is out of the job (its lease is gone); why says so. */
+int run_rdzv_lost(struct run_rdzv *r, char *why, size_t n);
+/* Stops the threads; clean: marks the node as left (not failed); revokes
+ * the lease. NULL is fine. */
+void run_rdzv_close(struct run_rdzv *r, int clean);
 
 #endif

@@ -20,8 +20,9 @@
 static const char usage_text[] =
     "usage: dcomm-run --nproc-per-node N [options] [--] PROGRAM [ARGS...]\n"
     "\n"
-    "Starts N workers of PROGRAM on this host, hosts their store, prints their\n"
-    "output prefixed with their rank, and handles worker failures.\n"
+    "Starts N workers of PROGRAM on this host, hosts their store (or meets the\n"
+    "other nodes' agents in etcd), prints their output prefixed with their rank,\n"
+    "and handles worker and node failures.\n"
     "\n"
     "options:\n"
     "  --nproc-per-node N        workers to start (required)\n"
@@ -31,11 +32,14 @@ static const char usage_text[] =
     "  --max-restarts K          replacements or full restarts allowed (default 3)\n"
     "  --min-nproc M             shrink: fail when fewer than M workers are left\n"
     "                            (default 1)\n"
-    "  --nnodes 1|1:1            only one node with the static backend\n"
-    "  --rdzv-backend static     the only backend built so far\n"
-    "  --rdzv-endpoint HOST:PORT where the store listens (default 127.0.0.1 and a\n"
-    "                            free port)\n"
-    "  --rdzv-id ID              job id (default dcomm-<8 hex>)\n"
+    "  --nnodes N|MIN:MAX        nodes of the job: 1 with the static backend; with\n"
+    "                            etcd the job starts with MIN to MAX nodes, goes on\n"
+    "                            down to MIN and grows up to MAX (default 1)\n"
+    "  --rdzv-backend static|etcd  static: this agent hosts the store (one node);\n"
+    "                            etcd: one agent per node meets the others in etcd\n"
+    "  --rdzv-endpoint HOST:PORT static: where the store listens (default 127.0.0.1\n"
+    "                            and a free port); etcd: H1:P1,H2:P2 (required)\n"
+    "  --rdzv-id ID              job id (default dcomm-<8 hex>; required with etcd)\n"
     "  --quiet-prefix            print worker output without the [rank]: prefix\n"
     "  -h, --help                this text\n";
 
@@ -91,17 +95,21 @@ static int parse_endpoint(const char *s, struct run_opts *o) {
   return 0;
 }
 
-static int parse_nnodes(const char *s) {
-  int a, b;
+/* N or MIN:MAX. */
+static int parse_nnodes(const char *s, int *min, int *max) {
   const char *colon = strchr(s, ':');
-  if (!colon) return parse_int(s, 1, INT_MAX, &a) == 0 && a == 1 ? 0 : -1;
+  if (!colon) {
+    if (parse_int(s, 1, RUN_MAX_NPROC, min) < 0) return -1;
+    *max = *min;
+    return 0;
+  }
   char lo[32];
   size_t n = (size_t)(colon - s);
   if (n == 0 || n >= sizeof(lo)) return -1;
   memcpy(lo, s, n);
   lo[n] = 0;
-  if (parse_int(lo, 1, INT_MAX, &a) < 0 || parse_int(colon + 1, 1, INT_MAX, &b) < 0) return -1;
-  return a == 1 && b == 1 ? 0 : -1;
+  if (parse_int(lo, 1, RUN_MAX_NPROC, min) < 0 || parse_int(colon + 1, 1, RUN_MAX_NPROC, max) < 0) return -1;
+  return *min <= *max ? 0 : -1;
 }
 
 /* Options that take a value; the name is normalized to dashes. */
@@ -170,20 +178,17 @@ int run_parse_args(int argc, char **argv, struct run_opts *o, int *exit_code) {
       if (parse_int(val, 1, RUN_MAX_NPROC, &o->min_nproc) < 0)
         return usage_error(exit_code, "--min-nproc '%s': expected a number >= 1", val);
     } else if (!strcmp(name, "nnodes")) {
-      if (parse_nnodes(val) < 0)
-        return usage_error(exit_code,
-                           "--nnodes '%s': the static rendezvous backend runs one node only (1 or 1:1); "
-                           "multi-node jobs need the etcd backend, which is not built yet",
-                           val);
+      if (parse_nnodes(val, &o->min_nodes, &o->max_nodes) < 0)
+        return usage_error(exit_code, "--nnodes '%s': expected N or MIN:MAX with 1 <= MIN <= MAX", val);
     } else if (!strcmp(name, "rdzv-backend")) {
-      if (strcmp(val, "static") != 0) {
-        fprintf(stderr, "dcomm-run: --rdzv-backend '%s': not built yet (only 'static' is available)\n", val);
-        *exit_code = 2;
-        return 1;
-      }
+      if (!strcmp(val, "etcd")) o->etcd = 1;
+      else if (!strcmp(val, "static")) o->etcd = 0;
+      else return usage_error(exit_code, "--rdzv-backend '%s': expected static or etcd", val);
     } else if (!strcmp(name, "rdzv-endpoint")) {
-      if (parse_endpoint(val, o) < 0)
+      size_t l = strlen(val);
+      if (l == 0 || l >= sizeof(o->endpoints))
         return usage_error(exit_code, "--rdzv-endpoint '%s': expected HOST:PORT", val);
+      memcpy(o->endpoints, val, l + 1);
     } else if (!strcmp(name, "rdzv-id")) {
       size_t l = strlen(val);
       if (l == 0 || l >= sizeof(o->job_id))
@@ -193,6 +198,21 @@ int run_parse_args(int argc, char **argv, struct run_opts *o, int *exit_code) {
     }
   }
   if (!nproc_set) return usage_error(exit_code, "%s", "--nproc-per-node is required");
+  if (!o->min_nodes) o->min_nodes = o->max_nodes = 1;
+  if (o->etcd) {
+    if (!o->endpoints[0])
+      return usage_error(exit_code, "%s", "--rdzv-backend etcd needs --rdzv-endpoint H1:P1[,H2:P2...] (etcd's client URLs)");
+    if (!o->explicit_id)
+      return usage_error(exit_code, "%s", "--rdzv-backend etcd needs --rdzv-id: the agents of one job meet under it");
+    if (o->policy == RUN_ALL)
+      return usage_error(exit_code, "%s",
+                         "--restart-policy all is for the static backend; with etcd use shrink or replace");
+  } else {
+    if (o->max_nodes != 1)
+      return usage_error(exit_code, "%s", "--nnodes above 1 needs --rdzv-backend etcd (the static backend runs one node)");
+    if (o->endpoints[0] && parse_endpoint(o->endpoints, o) < 0)
+      return usage_error(exit_code, "--rdzv-endpoint '%s': expected HOST:PORT", o->endpoints);
+  }
   if (i >= argc) return usage_error(exit_code, "%s", "no program to run");
   if (o->min_nproc > o->nproc) return usage_error(exit_code, "%s", "--min-nproc is larger than --nproc-per-node");
   o->argv = argv + i;

@@ -209,7 +209,7 @@ static const char *const owned[] = {
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
     "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DCOMM_USE_AGENT_STORE", "DCOMM_AUTH_TOKEN", "DCOMM_JOB_ID",
     "DCOMM_ELASTIC", "DCOMM_ELASTIC_JOIN", "DCOMM_MEMBER_ID", "DCOMM_RESTART_COUNT", "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", NULL};
+    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "DCOMM_INIT_METHOD", "DCOMM_AGENT_SLOT", NULL};
 
 static int is_owned(const char *kv) {
   for (int i = 0; owned[i]; i++) {
@@ -223,17 +223,26 @@ static int build_env(struct envbuf *e, int rank, int join, const char *member, c
   memset(e, 0, sizeof(*e));
   for (char **p = environ; p && *p; p++)
     if (!is_owned(*p)) env_push(e, strdup(*p));
-  env_setf(e, "RANK=%d", rank);
-  env_setf(e, "LOCAL_RANK=%d", re->local_rank);
-  env_setf(e, "WORLD_SIZE=%d", re->world);
-  env_setf(e, "LOCAL_WORLD_SIZE=%d", re->world);
-  env_setf(e, "GROUP_RANK=0");
-  env_setf(e, "GROUP_WORLD_SIZE=1");
-  env_setf(e, "ROLE_RANK=%d", rank);
-  env_setf(e, "ROLE_WORLD_SIZE=%d", re->world);
-  env_setf(e, "MASTER_ADDR=%s", re->addr);
-  env_setf(e, "MASTER_PORT=%d", re->port);
-  env_setf(e, "DCOMM_USE_AGENT_STORE=1");
+  if (re->etcd) {
+    /* Ranks are assigned when the nodes meet: the workers join through
+     * etcd, and read dcomm_rank() / dcomm_world_size() once initialized. */
+    env_setf(e, "DCOMM_INIT_METHOD=etcd://%s", re->etcd);
+    env_setf(e, "LOCAL_RANK=%d", re->local_rank);
+    env_setf(e, "LOCAL_WORLD_SIZE=%d", re->world);
+  } else {
+    env_setf(e, "RANK=%d", rank);
+    env_setf(e, "LOCAL_RANK=%d", re->local_rank);
+    env_setf(e, "WORLD_SIZE=%d", re->world);
+    env_setf(e, "LOCAL_WORLD_SIZE=%d", re->world);
+    env_setf(e, "GROUP_RANK=0");
+    env_setf(e, "GROUP_WORLD_SIZE=1");
+    env_setf(e, "ROLE_RANK=%d", rank);
+    env_setf(e, "ROLE_WORLD_SIZE=%d", re->world);
+    env_setf(e, "MASTER_ADDR=%s", re->addr);
+    env_setf(e, "MASTER_PORT=%d", re->port);
+    env_setf(e, "DCOMM_USE_AGENT_STORE=1");
+  }
+  env_setf(e, "DCOMM_AGENT_SLOT=%d", re->slot);
   env_setf(e, "DCOMM_AUTH_TOKEN=%s", re->token);
   env_setf(e, "DCOMM_JOB_ID=%s", re->job_id);
   env_setf(e, "DCOMM_ELASTIC=1");

@@ -65,10 +65,11 @@ static double target(uint64_t i) {
 }
 
 /* The demo's failure injection: only the first incarnation of the job
- * (generation 0, not a restart or a replacement) dies. */
+ * (its first world, not a restart or a joiner) dies. */
+static long first_generation = -1;
 static int first_life(void) {
   const char *rc = getenv("DCOMM_RESTART_COUNT");
-  return dcomm_generation() == 0 && !getenv("DCOMM_ELASTIC_JOIN") && (!rc || !strcmp(rc, "0"));
+  return dcomm_generation() == first_generation && !dcomm_elastic_is_joiner() && (!rc || !strcmp(rc, "0"));
 }
 
 static int marked(const char *list, int rank) {
@@ -148,7 +149,7 @@ static int load_fn(const void *data, size_t len, uint64_t step, void *user) {
 
 static void changed(const struct dcomm_membership_change *c, void *user) {
   struct app *a = user;
-  if (c->generation == 1 && a->kill_in_recovery == dcomm_rank() && !getenv("DCOMM_ELASTIC_JOIN")) {
+  if (c->generation == first_generation + 1 && a->kill_in_recovery == dcomm_rank() && !dcomm_elastic_is_joiner()) {
     fprintf(stderr, "rank %d: killing myself during recovery (--kill-in-recovery)\n", dcomm_rank());
     raise(SIGKILL);
   }
@@ -200,7 +201,8 @@ int main(int argc, char **argv) {
   /* The sub-group lives across generations: recovery rebuilds it from its
    * members' ids, shrinking it when members die. A joiner was not there
    * when it was made, so it is not in it. */
-  if (!getenv("DCOMM_ELASTIC_JOIN")) {
+  first_generation = dcomm_generation();
+  if (!dcomm_elastic_is_joiner()) {
     rc = dcomm_group_split(NULL, dcomm_rank() % 2, 0, &a.parity);
     if (rc < 0) {
       fprintf(stderr, "elastic_sgd: split: %s\n", dcomm_last_error());

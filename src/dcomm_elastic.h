@@ -23,8 +23,14 @@
 extern "C" {
 #endif
 
-/* Current generation: 0 at start, +1 per recovery. */
+/* Current generation: +1 per recovery; the first world is generation 0
+ * when the launcher gave the ranks (static dcomm-run, srun, mpirun), 1 when
+ * the processes met through a rendezvous (dcomm-run --rdzv-backend etcd). */
 DCOMM_API long dcomm_generation(void);
+/* 1 if this process entered a running job (a replacement or a node that
+ * came later) rather than starting in its first world: it holds none of
+ * the sub-groups made before it came. 0 otherwise or when not elastic. */
+DCOMM_API int dcomm_elastic_is_joiner(void);
 /* 1 when running in elastic mode (DCOMM_ELASTIC=1). */
 DCOMM_API int dcomm_elastic_enabled(void);
 /* This process's member id (a UUID string, stable across generations). */

@@ -1,7 +1,7 @@
 /*
  * init_method.c: parsing of init-method URLs and torchrun's environment
  * variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
- * MASTER_PORT), srun's (slurm://) and the detection of the launcher.
+ * MASTER_PORT), srun's (slurm://), etcd:// and the detection of the launcher.
  */
 #include "config.h"
 #include "init_method.h"
@@ -71,7 +71,8 @@ static int parse_port(const char *s, const char *what, int *port) {
 static int finish(struct dcomm_init_spec *s, const char *src) {
   int present;
   /* A joiner's rank comes from the next generation's plan, not from RANK. */
-  if (dcomm__param_bool(DCOMM_P_ELASTIC_JOIN)) s->rank = 0;
+  s->join = dcomm__param_bool(DCOMM_P_ELASTIC_JOIN);
+  if (s->join) s->rank = 0;
   s->local_rank = s->rank;
   s->local_size = s->world_size;
   DCOMM_CHECK(env_int("LOCAL_WORLD_SIZE", &s->local_size, &present));
@@ -166,6 +167,56 @@ static int parse_slurm(struct dcomm_init_spec *s) {
   return 0;
 }
 
+/* etcd://h1:p1,h2:p2[?rank=R&world_size=N]: the store lives in etcd. */
+static int parse_etcd(struct dcomm_init_spec *s, const char *url) {
+  const char *p = url + strlen("etcd://");
+  const char *q = strchr(p, '?');
+  size_t pl = q ? (size_t)(q - p) : strlen(p);
+  if (pl == 0) return dcomm__err(DCOMM_EINVAL, "init method '%s': expected etcd://host:port[,host:port...]", url);
+  if (pl >= sizeof(s->path)) return dcomm__err(DCOMM_EINVAL, "init method '%s': endpoint list too long", url);
+  memcpy(s->path, p, pl);
+  s->path[pl] = 0;
+  /* The first endpoint's host: the peers listen on the address that reaches it. */
+  const char *h = s->path;
+  if (!strncmp(h, "http://", 7)) h += 7;
+  else if (!strncmp(h, "https://", 8)) h += 8;
+  size_t hl = strcspn(h, ",");
+  if (hl >= sizeof(s->host)) return dcomm__err(DCOMM_EINVAL, "init method '%s': host name too long", url);
+  memcpy(s->host, h, hl);
+  s->host[hl] = 0;
+  char *colon = *s->host == '[' ? strstr(s->host, "]:") : strrchr(s->host, ':');
+  if (!colon) return dcomm__err(DCOMM_EINVAL, "init method '%s': endpoint '%s' has no :port", url, s->host);
+  if (*colon == ']') *colon++ = 0;
+  *colon = 0;
+  DCOMM_CHECK(parse_port(colon + 1, "etcd:// port", &s->port));
+  if (*s->host == '[') memmove(s->host, s->host + 1, strlen(s->host));
+  s->agent_store = 1; /* nobody hosts a store: etcd is the store */
+  int rp, wp;
+  char v[64];
+  const char *query = q ? q + 1 : "";
+  if (query_get(query, "rank", v, sizeof(v)) || getenv("RANK")) {
+    DCOMM_CHECK(query_rank_size(s, query, url));
+    DCOMM_CHECK(finish(s, url));
+    s->agent_store = 1;
+    return 0;
+  }
+  /* No rank: every process joins through the generation protocol. */
+  if (!dcomm__param_bool(DCOMM_P_ELASTIC))
+    return dcomm__err(DCOMM_EINVAL, "init method '%s' without ?rank=&world_size= needs elastic mode (DCOMM_ELASTIC=1, "
+                                    "as dcomm-run sets): ranks are assigned when the processes meet", url);
+  s->join = 1;
+  s->rank = 0;
+  s->local_rank = 0;
+  s->local_size = 1;
+  DCOMM_CHECK(env_int("LOCAL_WORLD_SIZE", &s->local_size, &wp));
+  DCOMM_CHECK(env_int("LOCAL_RANK", &s->local_rank, &rp));
+  if (s->local_size < 1) return dcomm__err(DCOMM_EINVAL, "LOCAL_WORLD_SIZE=%d must be at least 1", s->local_size);
+  if (s->local_rank < 0 || s->local_rank >= s->local_size)
+    return dcomm__err(DCOMM_EINVAL, "LOCAL_RANK=%d is not in [0, LOCAL_WORLD_SIZE=%d)", s->local_rank, s->local_size);
+  s->world_size = s->local_size; /* until the plan says */
+  return 0;
+}
+
 static int env_set(const char *name) {
   const char *v = getenv(name);
   return v && *v;
@@ -216,6 +267,10 @@ int dcomm__init_spec_parse(const char *url, struct dcomm_init_spec *out) {
     out->kind = DCOMM_IM_SLURM;
     return parse_slurm(out);
   }
+  if (!strncmp(url, "etcd://", 7)) {
+    out->kind = DCOMM_IM_ETCD;
+    return parse_etcd(out, url);
+  }
   return dcomm__err(DCOMM_EINVAL,
-                    "unknown init method '%s' (expected env://, tcp://, file://, pmix:// or slurm://)", url);
+                    "unknown init method '%s' (expected env://, tcp://, file://, pmix://, slurm:// or etcd://)", url);
 }

@@ -1,22 +1,27 @@
 /*
  * init_method.h: turns an init method (env://, tcp://, file://, pmix://,
- * slurm://, or none: detect) into the facts dcomm_init needs: rank, world
+ * slurm://, etcd://, or none: detect) into the facts dcomm_init needs: rank, world
  * size, local rank, and where the store is. Missing or contradictory values
  * are DCOMM_EINVAL naming the variable. pmix:// is only recognized here:
  * its facts come from the PMIx server when the store is set up.
+ * etcd://h1:p1,h2:p2 keeps the store in etcd; without ?rank=&world_size=
+ * (or RANK/WORLD_SIZE) every process joins the job's next generation, so
+ * it needs elastic mode: that is how dcomm-run --rdzv-backend etcd starts
+ * its workers.
  */
 #ifndef DCOMM_INIT_METHOD_H
 #define DCOMM_INIT_METHOD_H
 
-enum dcomm_init_kind { DCOMM_IM_ENV = 1, DCOMM_IM_TCP, DCOMM_IM_FILE, DCOMM_IM_PMIX, DCOMM_IM_SLURM };
+enum dcomm_init_kind { DCOMM_IM_ENV = 1, DCOMM_IM_TCP, DCOMM_IM_FILE, DCOMM_IM_PMIX, DCOMM_IM_SLURM, DCOMM_IM_ETCD };
 
 struct dcomm_init_spec {
   enum dcomm_init_kind kind;
   int rank, world_size, local_rank, local_size;
   char host[256]; /* tcp store host (env://: MASTER_ADDR) */
   int port;
-  char path[1024]; /* file:// path */
+  char path[1024]; /* file:// path; etcd://: the endpoint list */
   int agent_store; /* 1: a launcher hosts the store; rank 0 starts none */
+  int join;        /* 1: the rank comes from the next generation's plan */
 };
 
 /* url NULL or "": DCOMM_INIT_METHOD, else detected: env:// when MASTER_ADDR,

@@ -23,6 +23,7 @@
 #include "reduce.h"
 #include "sock.h"
 #include "store.h"
+#include "etcd_client.h"
 
 struct dcomm_world dcomm__w = {.lock = PTHREAD_MUTEX_INITIALIZER};
 static char file_store_path[1024];
@@ -147,6 +148,21 @@ static int setup_pmix(struct dcomm_world *w, struct dcomm_init_spec *spec, doubl
   return 0;
 }
 
+/* etcd://: the store is etcd itself, one client per link. */
+static int setup_etcd(struct dcomm_world *w, struct dcomm_init_spec *spec, double timeout) {
+  int rc = dcomm__store_etcd_open(spec->path, w->job_id, timeout, &w->store);
+  if (rc < 0) return dcomm__err_ctx(rc, "cannot use etcd at %s as the store", spec->path);
+  if (w->elastic) {
+    rc = dcomm__store_etcd_open(spec->path, w->job_id, timeout, &w->estore);
+    if (rc < 0) return dcomm__err_ctx(rc, "cannot use etcd at %s as the store", spec->path);
+    dcomm__store_set_prefix(w->estore, "");
+  }
+  const char *ifaddr = dcomm__param_str(DCOMM_P_SOCKET_IFADDR);
+  if (*ifaddr) snprintf(w->listen_ip, sizeof(w->listen_ip), "%s", ifaddr);
+  else DCOMM_CHECK(dcomm__sock_route_ip(spec->host, spec->port, w->listen_ip, sizeof(w->listen_ip)));
+  return 0;
+}
+
 /* pmix:// fills in the spec (identity and store address) first. */
 static int setup_store(struct dcomm_world *w, struct dcomm_init_spec *spec) {
   double timeout = dcomm__param_double(DCOMM_P_TIMEOUT);
@@ -164,6 +180,7 @@ static int setup_store(struct dcomm_world *w, struct dcomm_init_spec *spec) {
     return 0;
   }
   file_store_path[0] = 0;
+  if (spec->kind == DCOMM_IM_ETCD) return setup_etcd(w, spec, timeout);
   if (spec->rank == 0 && !spec->agent_store) {
     int rc = dcomm__store_server_start(NULL, spec->port, w->job_id, w->token, &w->server);
     if (rc < 0)
@@ -288,6 +305,7 @@ static void teardown(struct dcomm_world *w) {
   dcomm__pmix_finalize(); /* no-op unless pmix:// booted */
   w->initialized = 0;
   w->new_groups = 0;
+  w->joiner = 0;
 }
 
 int dcomm_init(const char *backend, const char *init_method) {
@@ -327,7 +345,7 @@ int dcomm_init(const char *backend, const char *init_method) {
     uuid_unparse_lower(u, w->member_id);
   }
 
-  if (dcomm__param_bool(DCOMM_P_ELASTIC_JOIN) && (!w->elastic || !spec.agent_store))
+  if (spec.join && (!w->elastic || !spec.agent_store))
     return dcomm__err(DCOMM_EINVAL, "DCOMM_ELASTIC_JOIN=1 needs elastic mode with a launcher-hosted store "
                                     "(DCOMM_ELASTIC=1, DCOMM_USE_AGENT_STORE=1, as dcomm-run sets)");
   rc = dcomm__backend_load(backend, &w->be, &w->be_module);
@@ -337,8 +355,12 @@ int dcomm_init(const char *backend, const char *init_method) {
   w->initialized = 1; /* groups and the elastic layer need the world */
   /* The watcher starts first so that a joiner heartbeats while it waits. */
   if (w->elastic && (rc = dcomm__elastic_start(w)) < 0) goto fail;
-  if (w->elastic && dcomm__param_bool(DCOMM_P_ELASTIC_JOIN) && (rc = dcomm__elastic_join(w)) < 0) goto fail;
+  if (w->elastic && spec.join && (rc = dcomm__elastic_join(w)) < 0) goto fail;
   if ((rc = dcomm__world_build(w)) < 0) goto fail;
+  /* A world started from the launch ranks is generation 0: recovery rounds
+   * must not take their first round for the job's first rendezvous. */
+  if (w->elastic && !spec.join && w->rank == 0 && (rc = dcomm__store_set(w->estore, "elastic/gen", "0", 2)) < 0)
+    goto fail;
   DCOMM_LOG(INFO, INIT, "initialized: rank %d of %d (local %d of %d), backend %s, job %s, generation %ld, %.3f s",
             w->rank, w->size, w->local_rank, w->local_size, w->be->name, w->job_id, w->generation, dcomm__now() - t0);
   return 0;

@@ -48,6 +48,7 @@ struct dcomm_world {
   int elastic;
   char member_id[40];
   char (*members)[40];        /* member id of every world rank */
+  int joiner;                 /* entered after the job's first world */
   struct dcomm_store *estore; /* the watcher's own store link, no prefix */
   pthread_t watcher;
   int watcher_running, watcher_stop;
@@ -79,6 +80,10 @@ int dcomm__run_op(struct dcomm_group *grp, struct dcomm_coll_args *a, const char
 
 /* elastic/: watcher thread, joiner rendezvous. */
 int dcomm__elastic_start(struct dcomm_world *w);
+/* membership.c: this host's boot id (heartbeats say on which boot their
+ * monotonic clock runs) and the wall clock in seconds. */
+const char *dcomm__boot_id(void);
+double dcomm__realtime(void);
 void dcomm__elastic_stop(struct dcomm_world *w);
 int dcomm__elastic_join(struct dcomm_world *w);
 

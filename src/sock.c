@@ -199,3 +199,19 @@ int dcomm__sock_local_ip(int fd, char *buf, size_t len) {
   if (!inet_ntop(ss.ss_family, a, buf, (socklen_t)len)) return dcomm__err_sys(errno, "inet_ntop");
   return 0;
 }
+
+int dcomm__sock_route_ip(const char *host, int port, char *buf, size_t len) {
+  struct addrinfo *res;
+  DCOMM_CHECK(resolve(host, port, 0, &res));
+  int rc = dcomm__err(DCOMM_EINVAL, "no route to '%s'", host);
+  for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+    /* connect() on a datagram socket only picks the route: nothing is sent */
+    int s = socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (s < 0) continue;
+    if (connect(s, ai->ai_addr, ai->ai_addrlen) == 0) rc = dcomm__sock_local_ip(s, buf, len);
+    close(s);
+    if (rc == 0) break;
+  }
+  freeaddrinfo(res);
+  return rc;
+}

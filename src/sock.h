@@ -29,5 +29,8 @@ int dcomm__sock_nonblock(int fd);
 void dcomm__sock_tune(int fd, size_t bufsize); /* TCP_NODELAY and buffer sizes */
 /* Numeric local address of a connected socket, e.g. "127.0.0.1". */
 int dcomm__sock_local_ip(int fd, char *buf, size_t len);
+/* The local address this host would use to reach host:port (no packet is
+ * sent), for servers that are not a dcomm store (etcd). */
+int dcomm__sock_route_ip(const char *host, int port, char *buf, size_t len);
 
 #endif

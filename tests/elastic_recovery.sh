@@ -60,7 +60,8 @@ case_run() {
   fi
 }
 
-# SIGSTOPs the worker whose RANK is $2 once it has run a few steps.
+# SIGSTOPs the worker whose RANK is $2 once the job prints its first step
+# (case_run's $out).
 sigstop_rank() {
   local agent=$1 want=$2 pid="" run_pid=""
   for _ in $(seq 1 100); do
@@ -72,7 +73,8 @@ sigstop_rank() {
     sleep 0.05
   done
   [ -n "$pid" ] || return 0
-  sleep 0.3
+  # Once training runs (set-up, the sub-group split included, is done).
+  for _ in $(seq 1 200); do grep -q 'step=' "$out" 2>/dev/null && break; sleep 0.05; done
   kill -STOP "$pid"
 }
 

@@ -1,0 +1,347 @@
+/*
+ * run_rdzv.c: dcomm-run's etcd rendezvous (--rdzv-backend etcd), one agent
+ * per node or pod. The agent
+ *   - clears the keys of a finished or dead earlier job with the same id
+ *     (no live agent left), guarded by a transaction so that it never
+ *     wipes an agent that registered meanwhile;
+ *   - agrees with the other agents on the job's token (rdzv/token) and its
+ *     node range (rdzv/nnodes "min max": a different --nnodes is refused);
+ *   - takes a node slot (rdzv/agents/n) and registers rdzv/agent/<slot>
+ *     ("live nproc host pid") under a lease of DCOMM_RDZV_TTL seconds,
+ *     renewed every third of it by a keepalive thread;
+ *   - watches rdzv/agent/: when another node's record vanishes (its lease
+ *     ended: the node died or lost etcd) and that node did not leave
+ *     cleanly (rdzv/left/<slot>), it revokes the current generation, so the
+ *     workers abort at once instead of waiting for a socket timeout.
+ * The rounds themselves (who is in the next world) are elastic/recovery.c,
+ * run by the workers over the etcd store; they read the records.
+ * When its own lease is lost the agent is out of the job: run_rdzv_lost
+ * says so and dcomm-run stops its workers.
+ */
+#include "config.h"
+#include "run.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <openssl/rand.h>
+
+#include "error.h"
+#include "etcd_client.h"
+#include "param.h"
+#include "sock.h"
+#include "store.h"
+
+struct run_rdzv {
+  const struct run_opts *o;
+  struct dcomm_etcd *kc, *wc; /* keepalive/record client; watch client */
+  struct dcomm_store *wst;    /* the watch thread's store (revoke notices) */
+  char ns[300];               /* "/dcomm/<job>/" */
+  int slot;
+  int64_t lease, ttl;
+  int64_t watch_rev;
+  pthread_t ka, watch;
+  int ka_running, watch_running;
+  int stop, cancel;
+  pthread_mutex_t lock;
+  int lost;
+  char lost_why[256];
+  char host[128];
+};
+
+static void sleep_s(double s) {
+  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+  nanosleep(&ts, NULL);
+}
+
+static void set_lost(struct run_rdzv *r, const char *why) {
+  pthread_mutex_lock(&r->lock);
+  if (!r->lost) {
+    r->lost = 1;
+    snprintf(r->lost_why, sizeof(r->lost_why), "%s", why);
+  }
+  pthread_mutex_unlock(&r->lock);
+}
+
+static void key_of(const struct run_rdzv *r, char *buf, size_t n, const char *fmt, long arg) {
+  int off = snprintf(buf, n, "%s", r->ns);
+  snprintf(buf + off, n - (size_t)off, fmt, arg);
+}
+
+/* ---- the lease ---- */
+
+static void *keepalive_main(void *arg) {
+  struct run_rdzv *r = arg;
+  double period = (double)r->ttl / 3.0, last_ok = dcomm__now();
+  if (period < 0.3) period = 0.3;
+  while (!__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE)) {
+    double next = dcomm__now() + period;
+    while (dcomm__now() < next && !__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE)) sleep_s(0.05);
+    if (__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE)) break;
+    int64_t left = 0;
+    int rc = dcomm__etcd_lease_keepalive(r->kc, r->lease, &left);
+    if (rc == 0 && left > 0) {
+      last_ok = dcomm__now();
+    } else if (rc == DCOMM_ENOTFOUND || (rc == 0 && left <= 0)) {
+      set_lost(r, "its etcd lease expired (the other nodes have gone on without this one)");
+      break;
+    } else if (dcomm__now() - last_ok > (double)r->ttl) {
+      char why[256];
+      snprintf(why, sizeof(why), "etcd did not renew its lease for %lld s: %s", (long long)r->ttl, dcomm_last_error());
+      set_lost(r, why);
+      break;
+    }
+  }
+  return NULL;
+}
+
+/* ---- the watch on the other nodes ---- */
+
+static int slot_of(const struct run_rdzv *r, const char *key, size_t klen) {
+  size_t pl = strlen(r->ns) + strlen("rdzv/agent/");
+  if (klen <= pl) return -1;
+  char *end;
+  long s = strtol(key + pl, &end, 10);
+  return *end || s <= 0 ? -1 : (int)s;
+}
+
+/* A node's record vanished: revoke the generation unless it left cleanly
+ * or the job is over. */
+static void node_gone(struct run_rdzv *r, int slot) {
+  char key[64], buf[64];
+  void *v = NULL;
+  size_t len = 0;
+  snprintf(key, sizeof(key), "rdzv/left/%d", slot);
+  if (dcomm__store_get(r->wst, key, 0, &v, &len) == 0) {
+    free(v);
+    return;
+  }
+  if (dcomm__store_get(r->wst, "elastic/done", 0, &v, &len) == 0) {
+    free(v);
+    return;
+  }
+  if (dcomm__store_get(r->wst, "elastic/gen", 0, &v, &len) != 0) {
+    run_log("node slot %d is gone before the first world formed", slot);
+    return;
+  }
+  len = len < sizeof(buf) ? len : sizeof(buf) - 1;
+  memcpy(buf, v, len);
+  buf[len] = 0;
+  free(v);
+  long gen = strtol(buf, NULL, 10);
+  char notice[128], rkey[64];
+  snprintf(rkey, sizeof(rkey), "elastic/revoke/%ld", gen);
+  snprintf(notice, sizeof(notice), "node slot %d lost its etcd lease", slot);
+  void *cur = NULL;
+  size_t clen = 0;
+  if (dcomm__store_compare_set(r->wst, rkey, NULL, 0, notice, strlen(notice) + 1, &cur, &clen) < 0)
+    run_log("warning: cannot post the revoke notice for node slot %d: %s", slot, dcomm_last_error());
+  else run_log("node slot %d lost its etcd lease; generation %ld revoked", slot, gen);
+  free(cur);
+}
+
+static int watch_event(const struct dcomm_etcd_event *ev, void *arg) {
+  struct run_rdzv *r = arg;
+  if (ev->mod_revision > r->watch_rev) r->watch_rev = ev->mod_revision;
+  if (ev->type != DCOMM_ETCD_DELETE) return 0;
+  int slot = slot_of(r, ev->key, ev->klen);
+  if (slot == r->slot) {
+    if (!__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE)) set_lost(r, "its own node record was removed from etcd");
+    return 0;
+  }
+  if (slot > 0) node_gone(r, slot);
+  return 0;
+}
+
+static void *watch_main(void *arg) {
+  struct run_rdzv *r = arg;
+  char prefix[400];
+  snprintf(prefix, sizeof(prefix), "%srdzv/agent/", r->ns);
+  while (!__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE)) {
+    int rc = dcomm__etcd_watch(r->wc, prefix, 1, r->watch_rev + 1, -1, watch_event, r, &r->cancel);
+    if (rc == DCOMM_EREVOKED || __atomic_load_n(&r->stop, __ATOMIC_ACQUIRE)) break;
+    if (rc == DCOMM_ENOTFOUND) { /* compacted: start again from now */
+      struct dcomm_etcd_kv *kvs = NULL;
+      size_t n = 0;
+      int64_t rev = 0;
+      if (dcomm__etcd_range_prefix(r->wc, prefix, &kvs, &n, &rev) == 0) r->watch_rev = rev;
+      dcomm__etcd_kvs_free(kvs, n);
+    }
+    sleep_s(0.2);
+  }
+  return NULL;
+}
+
+/* ---- set-up ---- */
+
+static int etcd_opts_from_params(struct dcomm_etcd_opts *eo, double timeout) {
+  memset(eo, 0, sizeof(*eo));
+  eo->timeout = timeout;
+  eo->user = dcomm__param_str(DCOMM_P_ETCD_USER);
+  eo->password = dcomm__param_str(DCOMM_P_ETCD_PASSWORD);
+  eo->cacert = dcomm__param_str(DCOMM_P_ETCD_CACERT);
+  eo->cert = dcomm__param_str(DCOMM_P_ETCD_CERT);
+  eo->key = dcomm__param_str(DCOMM_P_ETCD_KEY);
+  return 0;
+}
+
+/* The earlier job with this id is over (no agent alive): its keys go, in
+ * a transaction on the slot counter, so that an agent registering at the
+ * same time is never wiped. */
+static int clear_stale(struct run_rdzv *r) {
+  for (int tries = 0; tries < 8; tries++) {
+    char prefix[400], nkey[400];
+    snprintf(prefix, sizeof(prefix), "%srdzv/agent/", r->ns);
+    snprintf(nkey, sizeof(nkey), "%srdzv/agents/n", r->ns);
+    struct dcomm_etcd_kv *kvs = NULL, kv;
+    size_t n = 0;
+    DCOMM_CHECK(dcomm__etcd_range_prefix(r->kc, prefix, &kvs, &n, NULL));
+    dcomm__etcd_kvs_free(kvs, n);
+    if (n > 0) return 0; /* a live job: join it */
+    int rc = dcomm__etcd_get(r->kc, nkey, -1, &kv, NULL);
+    if (rc == DCOMM_ENOTFOUND) return 0; /* nothing there */
+    if (rc < 0) return rc;
+    int64_t mod = kv.mod_revision;
+    dcomm__etcd_kv_clear(&kv);
+    int done = 0;
+    DCOMM_CHECK(dcomm__etcd_delete_prefix_if(r->kc, r->ns, nkey, mod, &done));
+    if (done) {
+      run_log("cleared the keys an earlier job with id '%s' left in etcd (no agent of it is alive)", r->o->job_id);
+      return 0;
+    }
+  }
+  return dcomm__err(DCOMM_EBACKEND, "etcd rendezvous: the job's keys keep changing while no agent is registered");
+}
+
+/* Takes the value of key if present, else creates it with val. */
+static int agree(struct run_rdzv *r, const char *what, const char *key, const char *val, char *out, size_t n) {
+  char k[400];
+  snprintf(k, sizeof(k), "%s%s", r->ns, key);
+  int done = 0;
+  struct dcomm_etcd_kv cur;
+  DCOMM_CHECK(dcomm__etcd_create_if_absent(r->kc, k, val, strlen(val), 0, &done, &cur));
+  if (!cur.key) return dcomm__err(DCOMM_EPROTO, "etcd rendezvous: %s vanished while being agreed on", what);
+  snprintf(out, n, "%.*s", (int)(cur.vlen < n ? cur.vlen : n - 1), (const char *)cur.val);
+  dcomm__etcd_kv_clear(&cur);
+  return 0;
+}
+
+int run_rdzv_update(struct run_rdzv *r, int live) {
+  char key[400], val[256];
+  key_of(r, key, sizeof(key), "rdzv/agent/%ld", r->slot);
+  int n = snprintf(val, sizeof(val), "%d %d %s %d", live, r->o->nproc, r->host, (int)getpid());
+  return dcomm__etcd_put(r->kc, key, val, (size_t)n, r->lease, NULL);
+}
+
+static int do_open(struct run_rdzv *r, struct dcomm_store **st, char token[33], int *slot) {
+  const struct run_opts *o = r->o;
+  double timeout = dcomm__param_double(DCOMM_P_CONNECT_TIMEOUT);
+  struct dcomm_etcd_opts eo;
+  etcd_opts_from_params(&eo, timeout);
+  DCOMM_CHECK(dcomm__etcd_create(o->endpoints, &eo, &r->kc));
+  DCOMM_CHECK(dcomm__etcd_create(o->endpoints, &eo, &r->wc));
+  DCOMM_CHECK(clear_stale(r));
+  /* The job's token, made by the first agent (etcd's own access control
+   * guards it). */
+  unsigned char rb[16];
+  char mine[33], cfg[64], want[64];
+  if (RAND_bytes(rb, sizeof(rb)) != 1) return dcomm__err(DCOMM_ESYSTEM, "RAND_bytes failed");
+  for (int i = 0; i < 16; i++) snprintf(mine + 2 * i, 3, "%02x", rb[i]);
+  DCOMM_CHECK(agree(r, "the job token", "rdzv/token", mine, token, 33));
+  snprintf(want, sizeof(want), "%d %d", o->min_nodes, o->max_nodes);
+  DCOMM_CHECK(agree(r, "the node range", "rdzv/nnodes", want, cfg, sizeof(cfg)));
+  if (strcmp(cfg, want)) {
+    int a = 0, b = 0;
+    sscanf(cfg, "%d %d", &a, &b);
+    return dcomm__err(DCOMM_EINVAL, "job '%s' runs with --nnodes %d:%d; this agent was given %d:%d", o->job_id, a, b,
+                      o->min_nodes, o->max_nodes);
+  }
+  int64_t ttl = dcomm__param_int(DCOMM_P_RDZV_TTL);
+  if (ttl < 2) ttl = 2;
+  DCOMM_CHECK(dcomm__etcd_lease_grant(r->kc, ttl, &r->lease, &r->ttl));
+  if (r->ttl <= 0) r->ttl = ttl;
+  DCOMM_CHECK(dcomm__store_etcd_open(o->endpoints, o->job_id, timeout, st));
+  DCOMM_CHECK(dcomm__store_set_prefix(*st, ""));
+  DCOMM_CHECK(dcomm__store_etcd_open(o->endpoints, o->job_id, timeout, &r->wst));
+  DCOMM_CHECK(dcomm__store_set_prefix(r->wst, ""));
+  int64_t s = 0;
+  DCOMM_CHECK(dcomm__store_add(*st, "rdzv/agents/n", 1, &s));
+  r->slot = (int)s;
+  *slot = r->slot;
+  /* Watch from the registration on: a node that dies from now is seen. */
+  struct dcomm_etcd_kv *kvs = NULL;
+  size_t n = 0;
+  char prefix[400];
+  snprintf(prefix, sizeof(prefix), "%srdzv/agent/", r->ns);
+  DCOMM_CHECK(dcomm__etcd_range_prefix(r->kc, prefix, &kvs, &n, &r->watch_rev));
+  dcomm__etcd_kvs_free(kvs, n);
+  DCOMM_CHECK(run_rdzv_update(r, 0));
+  if (pthread_create(&r->ka, NULL, keepalive_main, r) != 0)
+    return dcomm__err(DCOMM_ESYSTEM, "cannot start the lease keepalive thread");
+  r->ka_running = 1;
+  if (pthread_create(&r->watch, NULL, watch_main, r) != 0)
+    return dcomm__err(DCOMM_ESYSTEM, "cannot start the rendezvous watch thread");
+  r->watch_running = 1;
+  return 0;
+}
+
+int run_rdzv_open(const struct run_opts *o, struct run_rdzv **out, struct dcomm_store **st, char token[33],
+                  int *slot) {
+  *out = NULL;
+  *st = NULL;
+  struct run_rdzv *r = calloc(1, sizeof(*r));
+  if (!r) return dcomm__err(DCOMM_ENOMEM, "out of memory");
+  r->o = o;
+  pthread_mutex_init(&r->lock, NULL);
+  snprintf(r->ns, sizeof(r->ns), "/dcomm/%s/", o->job_id);
+  if (gethostname(r->host, sizeof(r->host)) != 0) snprintf(r->host, sizeof(r->host), "unknown");
+  r->host[strcspn(r->host, " \t\n")] = 0;
+  int rc = do_open(r, st, token, slot);
+  if (rc < 0) {
+    char msg[1024];
+    snprintf(msg, sizeof(msg), "%s", dcomm_last_error());
+    if (*st) dcomm__store_close(*st);
+    *st = NULL;
+    run_rdzv_close(r, 0);
+    return dcomm__err(rc, "%s", msg);
+  }
+  *out = r;
+  return 0;
+}
+
+int run_rdzv_lost(struct run_rdzv *r, char *why, size_t n) {
+  pthread_mutex_lock(&r->lock);
+  int lost = r->lost;
+  if (lost) snprintf(why, n, "%s", r->lost_why);
+  pthread_mutex_unlock(&r->lock);
+  return lost;
+}
+
+int run_rdzv_slot(const struct run_rdzv *r) { return r->slot; }
+
+void run_rdzv_close(struct run_rdzv *r, int clean) {
+  if (!r) return;
+  __atomic_store_n(&r->stop, 1, __ATOMIC_RELEASE);
+  if (r->watch_running) {
+    dcomm__etcd_watch_cancel(&r->cancel);
+    pthread_join(r->watch, NULL);
+  }
+  if (r->ka_running) pthread_join(r->ka, NULL);
+  if (r->kc && r->slot > 0 && clean) {
+    /* Leaving cleanly: the others must not take it for a failure. */
+    char key[400];
+    key_of(r, key, sizeof(key), "rdzv/left/%ld", r->slot);
+    dcomm__etcd_put(r->kc, key, "1", 1, 0, NULL);
+  }
+  if (r->kc && r->lease) dcomm__etcd_lease_revoke(r->kc, r->lease);
+  if (r->wst) dcomm__store_close(r->wst);
+  dcomm__etcd_destroy(r->wc);
+  dcomm__etcd_destroy(r->kc);
+  pthread_mutex_destroy(&r->lock);
+  free(r);
+}
