@@ -58,6 +58,15 @@
 #define DNCCL_BUILD_REVOKE 0
 #endif
 
+/* Referenced weakly in every file, so that the module still loads against
+ * an older libnccl; init checks both the version and the symbol. */
+#if DNCCL_BUILD_SHRINK
+#pragma weak ncclCommShrink
+#endif
+#if DNCCL_BUILD_REVOKE
+#pragma weak ncclCommRevoke
+#endif
+
 /* What the loaded NCCL can do for recovery. */
 struct dnccl_caps {
   int shrink;      /* ncclCommShrink usable */

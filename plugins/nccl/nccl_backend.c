@@ -27,15 +27,6 @@
 
 #include "dcomm.h"
 
-/* Referenced weakly so that the module still loads against an older
- * libnccl; init checks both the version and the symbol. */
-#if DNCCL_BUILD_SHRINK
-#pragma weak ncclCommShrink
-#endif
-#if DNCCL_BUILD_REVOKE
-#pragma weak ncclCommRevoke
-#endif
-
 extern const struct dcomm_backend_v1 dcomm_backend_v1 __attribute__((visibility("default")));
 
 /* Every communicator between comm_create and comm_destroy, for the
