@@ -395,6 +395,7 @@ int dnccl_set_stream(void *comm, void *stream) {
   struct dnccl_comm *c = comm;
   if (!c) return DCOMM_EINVAL;
   const struct dcomm_host *h = c->ctx->host;
+#if CUDART_VERSION >= 12080 /* cudaStreamGetDevice */
   if (stream) {
     /* A stream of another GPU would make every op fail later, far from
      * the cause; refuse it here. */
@@ -409,6 +410,7 @@ int dnccl_set_stream(void *comm, void *stream) {
       return h->err(DCOMM_EINVAL, "nccl backend: the stream belongs to CUDA device %d, but %s uses device %d", dev,
                     c->label, c->dev);
   }
+#endif
   pthread_mutex_lock(&c->mu);
   c->user_stream = (cudaStream_t)stream;
   pthread_mutex_unlock(&c->mu);
