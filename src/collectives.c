@@ -3,6 +3,7 @@
  * (a bad call fails locally with DCOMM_EINVAL and a message, before any
  * byte moves), stamps the op with the group's sequence number and deadline,
  * and runs it through the backend's non-blocking table (post + wait).
+ * dcomm_set_stream hands a GPU backend the user's stream.
  */
 #include "config.h"
 #include "runtime.h"
@@ -169,4 +170,14 @@ int dcomm_barrier(dcomm_group_t g) {
   DCOMM_CHECK(dcomm__group_resolve(g, 1, &grp));
   struct dcomm_coll_args a = {.coll = DCOMM_COLL_BARRIER, .dtype = DCOMM_UINT8};
   return dcomm__run_op(grp, &a, "barrier");
+}
+
+int dcomm_set_stream(dcomm_group_t g, void *cuda_stream) {
+  struct dcomm_group *grp;
+  DCOMM_CHECK(dcomm__group_resolve(g, 1, &grp));
+  int (*set)(void *, void *) = DCOMM_BACKEND_OP(dcomm__w.be, comm_set_stream);
+  if (!set) return dcomm__err(DCOMM_ENOTSUP, "dcomm_set_stream: the %s backend has no streams", dcomm__w.be->name);
+  int rc = set(grp->bcomm, cuda_stream);
+  if (rc < 0) return dcomm__err_ctx(rc, "dcomm_set_stream on %s", grp->label);
+  return 0;
 }

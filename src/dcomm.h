@@ -102,6 +102,12 @@ DCOMM_API int dcomm_all_to_all(const void *sendbuf, void *recvbuf, size_t count,
 DCOMM_API int dcomm_send(const void *buf, size_t count, dcomm_dtype_t dt, int peer, int tag, dcomm_group_t g);
 DCOMM_API int dcomm_recv(void *buf, size_t count, dcomm_dtype_t dt, int peer, int tag, dcomm_group_t g);
 DCOMM_API int dcomm_barrier(dcomm_group_t g);
+/* GPU backends: later collectives of this rank on g are enqueued on
+ * cuda_stream (a cudaStream_t of this rank's GPU, passed as void * so this
+ * header needs no CUDA), ordered after the work already on it; each call
+ * still returns once its op completed. NULL: the backend's own stream
+ * again. DCOMM_ENOTSUP on a backend without streams (tcp). */
+DCOMM_API int dcomm_set_stream(dcomm_group_t g, void *cuda_stream);
 
 /* Errors. */
 DCOMM_API const char *dcomm_strerror(int err);

@@ -110,6 +110,31 @@ struct dcomm_backend_v1 {
   int (*async_error)(void *comm);
   /* One line for dcomm-info (device, version); optional. */
   int (*describe)(void *ctx_or_null, char *buf, size_t len);
+
+  /* ---- optional ops (NULL: not supported); reach them through
+   * DCOMM_BACKEND_OP so that a shorter table reads as NULL ---- */
+
+  /* Survivors of comm (healthy, broken, or after comm_abort) make a smaller
+   * communicator without a new rendezvous. Every rank of comm that is not
+   * in exclude_ranks (ranks of comm; nexclude >= 1; any order; never the
+   * caller) calls it with the same list; excluded ranks do not call it.
+   * spec describes the result as comm_create would get it: size is
+   * comm's size - nexclude, rank the caller's rank among the survivors in
+   * their old order, deadline bounds the call. On success *out_comm is
+   * the new communicator; comm is aborted and must still be released with
+   * comm_destroy. DCOMM_ENOTSUP: not possible here (the library lacks it,
+   * or comm's handle is already gone) — fall back to comm_destroy +
+   * comm_create; any other error: the same fallback after the others
+   * are told. */
+  int (*comm_shrink)(void *comm, const int *exclude_ranks, int nexclude, const struct dcomm_comm_spec *spec,
+                     void **out_comm);
+  /* Later ops on comm posted without a stream run on stream (a
+   * cudaStream_t for nccl; NULL: the backend's own queue again). */
+  int (*comm_set_stream)(void *comm, void *stream);
 };
+
+/* An optional op of table be, or NULL when be's table is too short for it. */
+#define DCOMM_BACKEND_OP(be, op)                                                                          \
+  ((be)->size >= offsetof(struct dcomm_backend_v1, op) + sizeof((be)->op) ? (be)->op : NULL)
 
 #endif

@@ -2,8 +2,9 @@
  * check_init.c: the init methods as torchrun users and scripts use them:
  * env:// with torchrun's variables, tcp:// and file:// URLs, clear
  * DCOMM_EINVAL errors naming the missing or contradictory variable, the
- * handshake refusing another job or a wrong token with DCOMM_EAUTH, and
- * init / finalize life cycle rules.
+ * handshake refusing another job or a wrong token with DCOMM_EAUTH,
+ * init / finalize life cycle rules, and the nccl backend and
+ * dcomm_set_stream answering clearly where they cannot work.
  */
 #include "config.h"
 
@@ -207,6 +208,24 @@ START_TEST(test_singleton_tcp) {
 }
 END_TEST
 
+/* dcomm_set_stream is for GPU backends: tcp says so, and the usual handle
+ * checks apply before any backend is asked. */
+START_TEST(test_set_stream_tcp) {
+  clear_env();
+  int dummy;
+  ck_assert_int_eq(dcomm_set_stream(NULL, &dummy), DCOMM_ENOTINIT);
+  char url[128];
+  snprintf(url, sizeof(url), "tcp://127.0.0.1:%d?rank=0&world_size=1", mp_free_port());
+  ck_assert_int_eq(dcomm_init("tcp", url), 0);
+  ck_assert_int_eq(dcomm_set_stream(NULL, &dummy), DCOMM_ENOTSUP);
+  ck_assert_msg(strstr(dcomm_last_error(), "tcp backend has no streams"), "%s", dcomm_last_error());
+  ck_assert_int_eq(dcomm_set_stream((dcomm_group_t)&dummy, NULL), DCOMM_EINVAL);
+  float x = 2;
+  ck_assert_int_eq(dcomm_all_reduce(&x, 1, DCOMM_FLOAT32, DCOMM_SUM, NULL), 0); /* still usable */
+  ck_assert_int_eq(dcomm_finalize(), 0);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("init");
   TCase *tc = tcase_create("init");
@@ -220,6 +239,7 @@ int main(void) {
   tcase_add_test(tc, test_unknown_backend);
   tcase_add_test(tc, test_nccl_without_gpu);
   tcase_add_test(tc, test_singleton_tcp);
+  tcase_add_test(tc, test_set_stream_tcp);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

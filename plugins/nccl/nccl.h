@@ -5,8 +5,13 @@
  *                   creation (ncclUniqueId through the store, non-blocking
  *                   init), destruction, and the process-wide abort;
  *   nccl_ops.c      post/test/wait: argument and buffer checks, the
- *                   mapping of every dcomm collective onto NCCL calls, and
- *                   completion through CUDA events.
+ *                   mapping of every dcomm collective onto NCCL calls,
+ *                   completion through CUDA events; the user's stream;
+ *   nccl_shrink.c   comm_shrink: survivors of a failed communicator make a
+ *                   smaller one with ncclCommShrink (NCCL_SHRINK_ABORT),
+ *                   after a revoke has quiesced it;
+ *   nccl_caps.c     what needs no GPU (version gating, shrink arguments,
+ *                   result names, init failure text), unit-checked here.
  * Only dcomm_plugin.h and dcomm.h are included from the core; everything
  * else of the core comes through struct dcomm_host.
  *
@@ -32,22 +37,42 @@
 #error "the nccl backend needs NCCL >= 2.14 (non-blocking communicators, ncclConfig_t)"
 #endif
 
-/* Build-time availability of the fault-tolerance calls; run-time
- * availability is checked again in init (the loaded libnccl may be older). */
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+/* First versions with ncclCommShrink and ncclCommRevoke. */
+#define DNCCL_SHRINK_VERSION NCCL_VERSION(2, 27, 0)
+#define DNCCL_REVOKE_VERSION NCCL_VERSION(2, 28, 7)
+/* Aborting several communicators inside one group (so that no abort waits
+ * on a kernel of another hung communicator) arrived in NCCL 2.22. */
+#define DNCCL_GROUP_ABORT_VERSION NCCL_VERSION(2, 22, 0)
+
+/* Build-time availability of the fault-tolerance calls (the header's
+ * version); run-time availability is checked again in init (the loaded
+ * libnccl may be older, its symbols are referenced weakly). */
+#if NCCL_VERSION_CODE >= DNCCL_SHRINK_VERSION
 #define DNCCL_BUILD_SHRINK 1
 #else
 #define DNCCL_BUILD_SHRINK 0
 #endif
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 7)
+#if NCCL_VERSION_CODE >= DNCCL_REVOKE_VERSION
 #define DNCCL_BUILD_REVOKE 1
 #else
 #define DNCCL_BUILD_REVOKE 0
 #endif
 
-/* Aborting several communicators inside one group (so that no abort waits
- * on a kernel of another hung communicator) arrived in NCCL 2.22. */
-#define DNCCL_GROUP_ABORT_VERSION NCCL_VERSION(2, 22, 0)
+/* Referenced weakly in every file, so that the module still loads against
+ * an older libnccl; init checks both the version and the symbol. */
+#if DNCCL_BUILD_SHRINK
+#pragma weak ncclCommShrink
+#endif
+#if DNCCL_BUILD_REVOKE
+#pragma weak ncclCommRevoke
+#endif
+
+/* What the loaded NCCL can do for recovery. */
+struct dnccl_caps {
+  int shrink;      /* ncclCommShrink usable */
+  int revoke;      /* ncclCommRevoke usable */
+  int group_abort; /* ncclCommAbort may be grouped */
+};
 
 /* Log levels and subsystem number as the core defines them (log.h). */
 #define DNCCL_LOG_ERROR 0
@@ -70,9 +95,8 @@ struct dnccl_ctx {
   const struct dcomm_host *host;
   int dev, ndev;        /* the CUDA device used (local_rank % ndev), count */
   int version;          /* ncclGetVersion of the loaded library */
-  int can_shrink;       /* ncclCommShrink usable (>= 2.27, built and loaded) */
-  int can_revoke;       /* ncclCommRevoke usable (>= 2.28.7, built and loaded) */
-  int group_abort;      /* ncclCommAbort may be grouped (>= 2.22) */
+  int local_rank, local_size;
+  struct dnccl_caps caps; /* from the version and the symbols found */
   double finalize_timeout; /* bound on ncclCommFinalize (DCOMM_TIMEOUT) */
   char devname[256];
   char busid[32];
@@ -88,8 +112,11 @@ struct dnccl_comm {
   pthread_mutex_t mu; /* guards nc, aborted, failed, why */
   ncclComm_t nc;      /* NULL before init and once aborted/released */
   cudaStream_t stream; /* our own stream (blocking: ordered after the legacy default stream) */
+  cudaStream_t user_stream; /* dcomm_set_stream's, or NULL: ops run on stream */
   int *barrier_buf;   /* one int on the device for barrier */
   int aborted;        /* the reason (< 0) once aborted, else 0 */
+  int revoked;        /* aborted by ncclCommRevoke: nc kept for a shrink */
+  int initializing;   /* between ncclCommInitRankConfig/Shrink and ready */
   int failed;         /* first error that broke the comm (not an abort), else 0 */
   char why[DNCCL_WHY_LEN]; /* what aborted or broke it */
   int listed;         /* on the live list */
@@ -106,6 +133,29 @@ struct dnccl_req {
   size_t count;
 };
 
+/* How dnccl_abort_all stops the communicators. */
+enum dnccl_stop {
+  DNCCL_STOP_ABORT,  /* ncclCommAbort, grouped: the handles are gone */
+  DNCCL_STOP_REVOKE  /* ncclCommRevoke where the loaded NCCL has it (the
+                      * handles stay for comm_shrink), else abort */
+};
+
+/* nccl_caps.c */
+void dnccl_version_text(int v, char *buf, size_t len);
+void dnccl_caps_compute(int version, int built_shrink, int have_shrink, int built_revoke, int have_revoke,
+                        struct dnccl_caps *out);
+const char *dnccl_result_name(ncclResult_t r);
+/* Checks a shrink of a comm of size ranks, called by rank: exclude holds
+ * nexclude distinct ranks of the comm, not rank itself, and leaves at
+ * least one. sorted (nexclude ints) gets them in ascending order,
+ * *new_rank the caller's rank afterwards. 0, or DCOMM_EINVAL with why. */
+int dnccl_shrink_plan(int size, int rank, const int *exclude, int nexclude, int *sorted, int *new_rank, char *why,
+                      size_t len);
+/* "<result name>: <detail>", and for ncclInvalidUsage at init the cause
+ * (two ranks of one communicator on one GPU) with this rank's device. */
+void dnccl_init_failure_text(ncclResult_t r, const char *detail, int dev, const char *busid, int local_rank,
+                             int local_size, int ndev, char *buf, size_t len);
+
 /* nccl_backend.c */
 const char *dnccl_coll_name(enum dcomm_coll c);
 const char *dnccl_err_name(int code);
@@ -121,13 +171,28 @@ int dnccl_state_error(struct dnccl_comm *c, const char *what);
  * NCCL error (c marked failed) or DCOMM_ETIMEDOUT, each with detail. */
 int dnccl_poll_ready(struct dnccl_comm *c, double deadline, const char *what);
 /* Marks every live communicator of the process aborted with reason (why
- * says what happened) and aborts their NCCL handles together. */
-int dnccl_abort_all(int reason, const char *why);
+ * says what happened) and stops their NCCL handles as how says. */
+int dnccl_abort_all(int reason, const char *why, enum dnccl_stop how);
+/* Waits until a revoked c leaves ncclInProgress (quiescent, or in an error
+ * state a shrink with NCCL_SHRINK_ABORT still takes): 0; DCOMM_ENOTSUP
+ * without a handle, DCOMM_ETIMEDOUT at the deadline. c->mu not held. */
+int dnccl_wait_quiet(struct dnccl_comm *c, double deadline);
+/* A new comm of ctx with its stream and barrier buffer, on the live list
+ * and without an NCCL handle yet; comm_free undoes it. */
+int dnccl_comm_new(struct dnccl_ctx *ctx, uint64_t id, int rank, int size, const char *label, struct dnccl_comm **out);
+/* Frees c (taking it off the live list); its NCCL handle must be gone. */
+void dnccl_comm_free(struct dnccl_comm *c);
+/* Aborts c's own NCCL handle only (c->mu not held). */
+void dnccl_comm_abort_one(struct dnccl_comm *c);
 void dnccl_sleep_us(long us);
 
 /* nccl_ops.c */
 int dnccl_post(void *comm, const struct dcomm_coll_args *a, void **req);
 int dnccl_test(void *req, int *done);
 int dnccl_wait(void *req);
+int dnccl_set_stream(void *comm, void *stream);
+
+/* nccl_shrink.c */
+int dnccl_comm_shrink(void *comm, const int *exclude, int nexclude, const struct dcomm_comm_spec *spec, void **out);
 
 #endif

@@ -4,8 +4,10 @@
  * device, NCCL version and capabilities), describe, communicator creation
  * (rank 0's ncclUniqueId through the store, non-blocking init bounded by
  * the deadline), destruction (finalize + destroy when healthy, abort
- * otherwise), async error queries, and the process-wide abort that aborts
- * every live NCCL communicator of the process together.
+ * otherwise), async error queries, and the process-wide stop of every
+ * live NCCL communicator of the process: grouped ncclCommAbort after a
+ * timeout, ncclCommRevoke (handles kept for a shrink) when the core asks
+ * through comm_abort and the loaded NCCL has it.
  *
  * Without a GPU every path fails with a message naming what is missing;
  * nothing pretends to succeed.
@@ -25,15 +27,6 @@
 
 #include "dcomm.h"
 
-/* Referenced weakly so that the module still loads against an older
- * libnccl; init checks both the version and the symbol. */
-#if DNCCL_BUILD_SHRINK
-#pragma weak ncclCommShrink
-#endif
-#if DNCCL_BUILD_REVOKE
-#pragma weak ncclCommRevoke
-#endif
-
 extern const struct dcomm_backend_v1 dcomm_backend_v1 __attribute__((visibility("default")));
 
 /* Every communicator between comm_create and comm_destroy, for the
@@ -47,16 +40,6 @@ void dnccl_sleep_us(long us) {
   struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
   while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {
   }
-}
-
-static void version_text(int v, char *buf, size_t len) {
-  int major, minor, patch;
-  if (v >= 10000) { /* 2.9 and later: X*10000 + Y*100 + Z */
-    major = v / 10000, minor = v % 10000 / 100, patch = v % 100;
-  } else {
-    major = v / 1000, minor = v % 1000 / 100, patch = v % 100;
-  }
-  snprintf(buf, len, "%d.%d.%d", major, minor, patch);
 }
 
 static void cuda_text(cudaError_t e, char *buf, size_t len) {
@@ -101,7 +84,8 @@ int dnccl_map_result(ncclResult_t r) {
 
 void dnccl_result_text(ncclComm_t nc, ncclResult_t r, char *buf, size_t len) {
   const char *last = ncclGetLastError(nc);
-  snprintf(buf, len, "%s (%s)", ncclGetErrorString(r), last && *last ? last : "ncclGetLastError: no detail");
+  snprintf(buf, len, "%s, %s (%s)", dnccl_result_name(r), ncclGetErrorString(r),
+           last && *last ? last : "ncclGetLastError: no detail");
 }
 
 void dnccl_mark_failed(struct dnccl_comm *c, int err, const char *why) {
@@ -140,9 +124,16 @@ int dnccl_poll_ready(struct dnccl_comm *c, double deadline, const char *what) {
     }
     if (st != ncclInProgress) {
       char text[512], why[DNCCL_WHY_LEN];
-      dnccl_result_text(c->nc, st, text, sizeof(text));
-      snprintf(why, sizeof(why), "NCCL error during %s: %s", what, text);
       int err = dnccl_map_result(st);
+      if (c->initializing) {
+        const char *last = ncclGetLastError(c->nc);
+        struct dnccl_ctx *x = c->ctx;
+        dnccl_init_failure_text(st, last, c->dev, x->busid, x->local_rank, x->local_size, x->ndev, text, sizeof(text));
+        if (st == ncclInvalidUsage) err = DCOMM_EINVAL; /* a set-up error, not a broken peer */
+      } else {
+        dnccl_result_text(c->nc, st, text, sizeof(text));
+      }
+      snprintf(why, sizeof(why), "NCCL error during %s: %s", what, text);
       dnccl_mark_failed(c, err, why);
       pthread_mutex_unlock(&c->mu);
       return h->err(err, "nccl backend: %s failed: %s", what, why);
@@ -157,23 +148,52 @@ int dnccl_poll_ready(struct dnccl_comm *c, double deadline, const char *what) {
 
 /* ---- the process-wide abort ---- */
 
-int dnccl_abort_all(int reason, const char *why) {
+/* Revokes nc (the handle stays for a shrink); 0 or the NCCL error, after
+ * which the caller aborts it. */
+static ncclResult_t revoke_one(ncclComm_t nc) {
+#if DNCCL_BUILD_REVOKE
+  ncclResult_t r = ncclCommRevoke(nc, NCCL_REVOKE_DEFAULT);
+  return r == ncclInProgress ? ncclSuccess : r;
+#else
+  (void)nc;
+  return ncclInvalidUsage;
+#endif
+}
+
+int dnccl_abort_all(int reason, const char *why, enum dnccl_stop how) {
   if (reason >= 0) reason = DCOMM_EREVOKED;
   pthread_mutex_lock(&live_mu);
   int n = 0;
   for (struct dnccl_comm *c = live_head; c; c = c->next) n++;
   ncclComm_t *ncs = n ? calloc((size_t)n, sizeof(*ncs)) : NULL;
-  struct dnccl_ctx *ctx = NULL;
-  int k = 0, single = 0;
+  struct dnccl_ctx *ctx = live_head ? live_head->ctx : NULL;
+  const struct dcomm_host *h = ctx ? ctx->host : NULL;
+  int revoke = how == DNCCL_STOP_REVOKE && ctx && ctx->caps.revoke;
+  int k = 0, single = 0, revoked = 0;
   ncclResult_t first = ncclSuccess;
-  /* Mark first, so every pending op returns promptly; abort after. */
+  double t0 = h ? h->now() : 0;
+  int prev = -1;
+  if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
+  if (ctx) (void)cudaSetDevice(ctx->dev);
+  /* Mark first, so every pending op returns promptly; stop after. */
   for (struct dnccl_comm *c = live_head; c; c = c->next) {
     pthread_mutex_lock(&c->mu);
     if (!c->aborted) {
       c->aborted = reason;
       snprintf(c->why, sizeof(c->why), "%s", why);
     }
-    if (c->nc) {
+    if (c->nc && revoke && !c->revoked && !c->initializing) {
+      /* Local and asynchronous: in-flight kernels stop, the handle stays. */
+      ncclResult_t r = revoke_one(c->nc);
+      if (r == ncclSuccess) {
+        c->revoked = 1;
+        revoked++;
+      } else if (h) {
+        DNCCL_LOG(h, WARN, "nccl backend: ncclCommRevoke of %s failed (%s): aborting it", c->label,
+                  dnccl_result_name(r));
+      }
+    }
+    if (c->nc && (!revoke || !c->revoked)) { /* an abort also ends earlier revokes */
       if (ncs) {
         ncs[k++] = c->nc;
       } else { /* out of memory: abort one by one */
@@ -182,17 +202,12 @@ int dnccl_abort_all(int reason, const char *why) {
         single++;
       }
       c->nc = NULL;
+      c->revoked = 0;
     }
-    ctx = c->ctx;
     pthread_mutex_unlock(&c->mu);
   }
-  const struct dcomm_host *h = ctx ? ctx->host : NULL;
-  double t0 = h ? h->now() : 0;
   if (k > 0) {
-    int prev = -1;
-    if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
-    if (ctx) (void)cudaSetDevice(ctx->dev);
-    if (k > 1 && ctx && ctx->group_abort) {
+    if (k > 1 && ctx->caps.group_abort) {
       ncclResult_t r = ncclGroupStart();
       if (r != ncclSuccess) first = r;
       for (int i = 0; i < k; i++) {
@@ -207,16 +222,46 @@ int dnccl_abort_all(int reason, const char *why) {
         if (r != ncclSuccess && r != ncclInProgress && first == ncclSuccess) first = r;
       }
     }
-    if (prev >= 0) (void)cudaSetDevice(prev);
   }
+  if (prev >= 0) (void)cudaSetDevice(prev);
   if (h && (k + single) > 0)
     DNCCL_LOG(h, WARN, "nccl backend: aborted %d NCCL communicator(s) of this process%s in %.3f s (%s): %s", k + single,
-              k > 1 && ctx->group_abort ? " together" : "", h->now() - t0, dnccl_err_name(reason), why);
+              k > 1 && ctx->caps.group_abort ? " together" : "", h->now() - t0, dnccl_err_name(reason), why);
+  if (h && revoked > 0)
+    DNCCL_LOG(h, WARN, "nccl backend: revoked %d NCCL communicator(s) of this process in %.3f s (%s): %s", revoked,
+              h->now() - t0, dnccl_err_name(reason), why);
   pthread_mutex_unlock(&live_mu);
   free(ncs);
   if (first != ncclSuccess && h)
     return h->err(DCOMM_EBACKEND, "nccl backend: ncclCommAbort failed: %s", ncclGetErrorString(first));
   return 0;
+}
+
+int dnccl_wait_quiet(struct dnccl_comm *c, double deadline) {
+  const struct dcomm_host *h = c->ctx->host;
+  long us = 20;
+  for (;;) {
+    pthread_mutex_lock(&c->mu);
+    if (!c->nc) {
+      pthread_mutex_unlock(&c->mu);
+      return h->err(DCOMM_ENOTSUP, "nccl backend: %s has no NCCL handle any more (aborted: %s)", c->label, c->why);
+    }
+    ncclResult_t st = ncclInProgress;
+    ncclResult_t q = ncclCommGetAsyncError(c->nc, &st);
+    if (q != ncclSuccess) st = q;
+    pthread_mutex_unlock(&c->mu);
+    if (st != ncclInProgress) {
+      /* An error state is fine too: a shrink with NCCL_SHRINK_ABORT takes it. */
+      if (st != ncclSuccess)
+        DNCCL_LOG(h, INFO, "nccl backend: %s is in state %s after ncclCommRevoke", c->label, dnccl_result_name(st));
+      return 0;
+    }
+    if (deadline > 0 && h->now() >= deadline)
+      return h->err(DCOMM_ETIMEDOUT, "nccl backend: %s was still not quiescent after ncclCommRevoke at its deadline",
+                    c->label);
+    dnccl_sleep_us(us);
+    if (us < 1000) us *= 2;
+  }
 }
 
 static void live_add(struct dnccl_comm *c) {
@@ -266,7 +311,7 @@ static int be_init(const struct dcomm_host *host, void **out) {
   char vs[32], ct[256];
   ncclResult_t nr = ncclGetVersion(&ver);
   if (nr != ncclSuccess) return host->err(DCOMM_EBACKEND, "nccl backend: ncclGetVersion failed: %s", ncclGetErrorString(nr));
-  version_text(ver, vs, sizeof(vs));
+  dnccl_version_text(ver, vs, sizeof(vs));
   if (ver < NCCL_VERSION(2, 14, 0))
     return host->err(DCOMM_ENOTSUP, "nccl backend: the loaded NCCL %s is older than 2.14 (no non-blocking communicators)",
                      vs);
@@ -284,7 +329,9 @@ static int be_init(const struct dcomm_host *host, void **out) {
   ctx->host = host;
   ctx->ndev = ndev;
   ctx->version = ver;
-  ctx->dev = (host->local_rank > 0 ? host->local_rank : 0) % ndev;
+  ctx->local_rank = host->local_rank > 0 ? host->local_rank : 0;
+  ctx->local_size = host->local_size > 0 ? host->local_size : 1;
+  ctx->dev = ctx->local_rank % ndev;
   if ((ce = cudaSetDevice(ctx->dev)) != cudaSuccess) {
     (void)cudaGetLastError();
     cuda_text(ce, ct, sizeof(ct));
@@ -298,13 +345,14 @@ static int be_init(const struct dcomm_host *host, void **out) {
   if (cudaDeviceGetPCIBusId(ctx->busid, (int)sizeof(ctx->busid), ctx->dev) != cudaSuccess)
     snprintf(ctx->busid, sizeof(ctx->busid), "?");
   (void)cudaGetLastError();
+  int have_shrink = 0, have_revoke = 0;
 #if DNCCL_BUILD_SHRINK
-  ctx->can_shrink = ver >= NCCL_VERSION(2, 27, 0) && ncclCommShrink != NULL;
+  have_shrink = ncclCommShrink != NULL;
 #endif
 #if DNCCL_BUILD_REVOKE
-  ctx->can_revoke = ver >= NCCL_VERSION(2, 28, 7) && ncclCommRevoke != NULL;
+  have_revoke = ncclCommRevoke != NULL;
 #endif
-  ctx->group_abort = ver >= DNCCL_GROUP_ABORT_VERSION;
+  dnccl_caps_compute(ver, DNCCL_BUILD_SHRINK, have_shrink, DNCCL_BUILD_REVOKE, have_revoke, &ctx->caps);
   const char *t = host->param ? host->param("DCOMM_TIMEOUT") : NULL;
   char *end = NULL;
   ctx->finalize_timeout = t ? strtod(t, &end) : 0;
@@ -320,8 +368,8 @@ static int be_init(const struct dcomm_host *host, void **out) {
     DNCCL_LOG(host, WARN, "nccl backend: NCCL_COMM_BLOCKING=%s makes NCCL calls blocking: an abort cannot interrupt them",
               blk);
   DNCCL_LOG(host, INFO, "nccl backend: NCCL %s, CUDA device %d of %d (%s, %s), shrink %s, revoke %s, group abort %s", vs,
-            ctx->dev, ndev, ctx->devname, ctx->busid, ctx->can_shrink ? "yes" : "no", ctx->can_revoke ? "yes" : "no",
-            ctx->group_abort ? "yes" : "no");
+            ctx->dev, ndev, ctx->devname, ctx->busid, ctx->caps.shrink ? "yes" : "no", ctx->caps.revoke ? "yes" : "no",
+            ctx->caps.group_abort ? "yes" : "no");
   *out = ctx;
   return 0;
 }
@@ -336,7 +384,7 @@ static int be_finalize(void *vctx) {
   if (left) {
     /* The core destroys every communicator first; these were leaked. */
     DNCCL_LOG(ctx->host, WARN, "nccl backend: finalize with %d live communicator(s): aborting them", left);
-    dnccl_abort_all(DCOMM_EREVOKED, "the nccl backend was finalized while the communicator was live");
+    dnccl_abort_all(DCOMM_EREVOKED, "the nccl backend was finalized while the communicator was live", DNCCL_STOP_ABORT);
     pthread_mutex_lock(&live_mu);
     for (struct dnccl_comm **p = &live_head; *p;) {
       if ((*p)->ctx == ctx) {
@@ -358,10 +406,10 @@ static int be_describe(void *vctx, char *buf, size_t len) {
   pin_module();
   int ver = 0;
   char vs[32] = "?";
-  if (ncclGetVersion(&ver) == ncclSuccess) version_text(ver, vs, sizeof(vs));
+  if (ncclGetVersion(&ver) == ncclSuccess) dnccl_version_text(ver, vs, sizeof(vs));
   if (ctx) {
     snprintf(buf, len, "nccl %s, %d CUDA device(s), using device %d (%s, %s); shrink %s, revoke %s", vs, ctx->ndev,
-             ctx->dev, ctx->devname, ctx->busid, ctx->can_shrink ? "yes" : "no", ctx->can_revoke ? "yes" : "no");
+             ctx->dev, ctx->devname, ctx->busid, ctx->caps.shrink ? "yes" : "no", ctx->caps.revoke ? "yes" : "no");
     return 0;
   }
   int ndev = 0;
@@ -379,9 +427,7 @@ static int be_describe(void *vctx, char *buf, size_t len) {
 
 /* ---- communicators ---- */
 
-/* Frees what comm_create built; c is not on the live list and has no NCCL
- * handle any more. */
-static void comm_free(struct dnccl_comm *c) {
+void dnccl_comm_free(struct dnccl_comm *c) {
   if (c->listed) live_remove(c);
   (void)cudaSetDevice(c->dev);
   if (c->barrier_buf) (void)cudaFree(c->barrier_buf);
@@ -391,8 +437,7 @@ static void comm_free(struct dnccl_comm *c) {
   free(c);
 }
 
-/* Aborts c's own NCCL handle (c->mu not held). */
-static void comm_abort_one(struct dnccl_comm *c) {
+void dnccl_comm_abort_one(struct dnccl_comm *c) {
   pthread_mutex_lock(&c->mu);
   if (c->nc) {
     (void)ncclCommAbort(c->nc);
@@ -430,32 +475,24 @@ static int get_uid(struct dnccl_ctx *ctx, const struct dcomm_comm_spec *spec, nc
   return 0;
 }
 
-static int be_comm_create(void *vctx, const struct dcomm_comm_spec *spec, void **out) {
-  struct dnccl_ctx *ctx = vctx;
+int dnccl_comm_new(struct dnccl_ctx *ctx, uint64_t id, int rank, int size, const char *label, struct dnccl_comm **out) {
   const struct dcomm_host *h = ctx->host;
   char ct[256];
   *out = NULL;
-  if (spec->size < 1 || spec->rank < 0 || spec->rank >= spec->size)
-    return h->err(DCOMM_EINVAL, "nccl backend: rank %d is not in a communicator of size %d", spec->rank, spec->size);
-  double t0 = h->now();
   cudaError_t ce = cudaSetDevice(ctx->dev);
   if (ce != cudaSuccess) {
     (void)cudaGetLastError();
     cuda_text(ce, ct, sizeof(ct));
     return h->err(DCOMM_EBACKEND, "nccl backend: cudaSetDevice(%d) failed: %s", ctx->dev, ct);
   }
-  ncclUniqueId uid;
-  int rc = get_uid(ctx, spec, &uid);
-  if (rc < 0) return rc;
-
   struct dnccl_comm *c = calloc(1, sizeof(*c));
   if (!c) return h->err(DCOMM_ENOMEM, "nccl backend: out of memory");
   c->ctx = ctx;
-  c->id = spec->comm_id;
-  c->rank = spec->rank;
-  c->size = spec->size;
+  c->id = id;
+  c->rank = rank;
+  c->size = size;
   c->dev = ctx->dev;
-  snprintf(c->label, sizeof(c->label), "%s", spec->label ? spec->label : "communicator");
+  snprintf(c->label, sizeof(c->label), "%s", label ? label : "communicator");
   pthread_mutex_init(&c->mu, NULL);
   /* A blocking stream: ops of the public API (which carries no stream)
    * are ordered after the caller's work on the legacy default stream. */
@@ -464,16 +501,40 @@ static int be_comm_create(void *vctx, const struct dcomm_comm_spec *spec, void *
       (ce = cudaMemset(c->barrier_buf, 0, sizeof(int))) != cudaSuccess) {
     (void)cudaGetLastError();
     cuda_text(ce, ct, sizeof(ct));
-    comm_free(c);
-    return h->err(DCOMM_EBACKEND, "nccl backend: CUDA set-up of %s failed: %s", spec->label, ct);
+    dnccl_comm_free(c);
+    return h->err(DCOMM_EBACKEND, "nccl backend: CUDA set-up of %s failed: %s", label, ct);
   }
+  c->initializing = 1;
   live_add(c); /* from here a process-wide abort covers the init too */
+  *out = c;
+  return 0;
+}
+
+static int be_comm_create(void *vctx, const struct dcomm_comm_spec *spec, void **out) {
+  struct dnccl_ctx *ctx = vctx;
+  const struct dcomm_host *h = ctx->host;
+  *out = NULL;
+  if (spec->size < 1 || spec->rank < 0 || spec->rank >= spec->size)
+    return h->err(DCOMM_EINVAL, "nccl backend: rank %d is not in a communicator of size %d", spec->rank, spec->size);
+  double t0 = h->now();
+  cudaError_t ce = cudaSetDevice(ctx->dev);
+  if (ce != cudaSuccess) {
+    char ct[256];
+    (void)cudaGetLastError();
+    cuda_text(ce, ct, sizeof(ct));
+    return h->err(DCOMM_EBACKEND, "nccl backend: cudaSetDevice(%d) failed: %s", ctx->dev, ct);
+  }
+  ncclUniqueId uid;
+  int rc = get_uid(ctx, spec, &uid);
+  if (rc < 0) return rc;
+  struct dnccl_comm *c;
+  if ((rc = dnccl_comm_new(ctx, spec->comm_id, spec->rank, spec->size, spec->label, &c)) < 0) return rc;
 
   pthread_mutex_lock(&c->mu);
   if (c->aborted) { /* a process-wide abort came first */
     rc = dnccl_state_error(c, "NCCL communicator init");
     pthread_mutex_unlock(&c->mu);
-    comm_free(c);
+    dnccl_comm_free(c);
     return rc;
   }
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
@@ -481,14 +542,16 @@ static int be_comm_create(void *vctx, const struct dcomm_comm_spec *spec, void *
   cfg.commName = c->label;
   ncclResult_t nr = ncclCommInitRankConfig(&c->nc, spec->size, uid, spec->rank, &cfg);
   if (nr != ncclSuccess && nr != ncclInProgress) {
-    char text[512];
-    dnccl_result_text(c->nc, nr, text, sizeof(text));
+    char text[640];
+    dnccl_init_failure_text(nr, ncclGetLastError(c->nc), c->dev, ctx->busid, ctx->local_rank, ctx->local_size,
+                            ctx->ndev, text, sizeof(text));
     if (c->nc) (void)ncclCommAbort(c->nc);
     c->nc = NULL;
     pthread_mutex_unlock(&c->mu);
-    comm_free(c);
-    return h->err(dnccl_map_result(nr), "nccl backend: ncclCommInitRankConfig for %s (rank %d of %d) failed: %s",
-                  spec->label, spec->rank, spec->size, text);
+    dnccl_comm_free(c);
+    return h->err(nr == ncclInvalidUsage ? DCOMM_EINVAL : dnccl_map_result(nr),
+                  "nccl backend: ncclCommInitRankConfig for %s (rank %d of %d) failed: %s", spec->label, spec->rank,
+                  spec->size, text);
   }
   pthread_mutex_unlock(&c->mu);
 
@@ -497,10 +560,13 @@ static int be_comm_create(void *vctx, const struct dcomm_comm_spec *spec, void *
   rc = dnccl_poll_ready(c, spec->deadline, what);
   if (rc < 0) {
     /* Only this handle: an init has no kernels in flight to hang others. */
-    comm_abort_one(c);
-    comm_free(c);
+    dnccl_comm_abort_one(c);
+    dnccl_comm_free(c);
     return rc;
   }
+  pthread_mutex_lock(&c->mu);
+  c->initializing = 0;
+  pthread_mutex_unlock(&c->mu);
   DNCCL_LOG(h, INFO, "nccl backend: %s ready: rank %d of %d on CUDA device %d, %.3f s", c->label, c->rank, c->size,
             c->dev, h->now() - t0);
   *out = c;
@@ -545,7 +611,7 @@ static int be_comm_destroy(void *comm) {
   pthread_mutex_unlock(&c->mu);
   if (rc < 0) DNCCL_LOG(h, WARN, "nccl backend: %s released after an error: %s", c->label,
                            c->why[0] ? c->why : "see the previous message");
-  comm_free(c);
+  dnccl_comm_free(c);
   return rc;
 }
 
@@ -555,7 +621,8 @@ static int be_comm_abort(void *comm, int reason) {
   char why[256];
   snprintf(why, sizeof(why), "%s requested on %s; every NCCL communicator of this process was aborted",
            dnccl_err_name(reason), c ? c->label : "a communicator");
-  return dnccl_abort_all(reason, why);
+  /* Revoke where possible: the elastic layer may shrink these next. */
+  return dnccl_abort_all(reason, why, DNCCL_STOP_REVOKE);
 }
 
 static int be_async_error(void *comm) {
@@ -597,4 +664,6 @@ __attribute__((visibility("default"))) const struct dcomm_backend_v1 dcomm_backe
     .wait = dnccl_wait,
     .async_error = be_async_error,
     .describe = be_describe,
+    .comm_shrink = dnccl_comm_shrink,
+    .comm_set_stream = dnccl_set_stream,
 };

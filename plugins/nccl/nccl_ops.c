@@ -2,7 +2,8 @@
  * nccl_ops.c: the nccl backend's operations. post checks the arguments
  * (dtype, op, root, tag, and that every buffer it touches is device memory
  * of the communicator's GPU), enqueues the NCCL call(s) on the caller's
- * stream or the communicator's own, and records a CUDA event after them;
+ * stream (the op's, else the one dcomm_set_stream gave, else the
+ * communicator's own), and records a CUDA event after them;
  * test polls the event and the communicator's async error; wait polls test
  * until done or the op's deadline, and on the deadline aborts every NCCL
  * communicator of the process (a hung kernel can block the abort of any
@@ -260,14 +261,14 @@ int dnccl_post(void *comm, const struct dcomm_coll_args *a, void **out) {
     snprintf(ct, sizeof(ct), "%s", cudaGetErrorString(ce));
     return h->err(DCOMM_EBACKEND, "nccl backend: %s: cudaEventCreate failed: %s", what, ct);
   }
-  cudaStream_t s = a->stream ? (cudaStream_t)a->stream : c->stream;
-
   pthread_mutex_lock(&c->mu);
   if ((rc = dnccl_state_error(c, what)) < 0) { /* aborted since the first check */
     pthread_mutex_unlock(&c->mu);
     req_free(r);
     return rc;
   }
+  /* The op's own stream, else the user's (dcomm_set_stream), else ours. */
+  cudaStream_t s = a->stream ? (cudaStream_t)a->stream : c->user_stream ? c->user_stream : c->stream;
   ncclResult_t nr = enqueue(c, a, sb, rb, es, dt, op, s);
   if (nr != ncclSuccess && nr != ncclInProgress) {
     char text[512], why[DNCCL_WHY_LEN];
@@ -285,7 +286,7 @@ int dnccl_post(void *comm, const struct dcomm_coll_args *a, void **out) {
     if (rc == DCOMM_ETIMEDOUT) {
       char why[DNCCL_WHY_LEN];
       snprintf(why, sizeof(why), "enqueueing %s on %s timed out", what, c->label);
-      dnccl_abort_all(DCOMM_EREVOKED, why);
+      dnccl_abort_all(DCOMM_EREVOKED, why, DNCCL_STOP_ABORT);
       rc = h->err(DCOMM_ETIMEDOUT,
                   "nccl backend: %s could not be enqueued before its deadline; every NCCL communicator of this "
                   "process was aborted",
@@ -382,10 +383,37 @@ int dnccl_wait(void *req) {
   char why[DNCCL_WHY_LEN];
   snprintf(why, sizeof(why), "%s on %s timed out after %.3f s, so every NCCL communicator of this process was aborted",
            what, c->label, waited);
-  dnccl_abort_all(DCOMM_EREVOKED, why);
+  dnccl_abort_all(DCOMM_EREVOKED, why, DNCCL_STOP_ABORT);
   req_free(r);
   return h->err(DCOMM_ETIMEDOUT,
                 "nccl backend: %s (count %zu) timed out after %.3f s; every NCCL communicator of this process was "
                 "aborted",
                 what, count, waited);
+}
+
+int dnccl_set_stream(void *comm, void *stream) {
+  struct dnccl_comm *c = comm;
+  if (!c) return DCOMM_EINVAL;
+  const struct dcomm_host *h = c->ctx->host;
+#if CUDART_VERSION >= 12080 /* cudaStreamGetDevice */
+  if (stream) {
+    /* A stream of another GPU would make every op fail later, far from
+     * the cause; refuse it here. */
+    int dev = -1;
+    cudaError_t e = cudaStreamGetDevice((cudaStream_t)stream, &dev);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return h->err(DCOMM_EINVAL, "nccl backend: %p is not a usable CUDA stream (cudaStreamGetDevice: %s)", stream,
+                    cudaGetErrorString(e));
+    }
+    if (dev != c->dev)
+      return h->err(DCOMM_EINVAL, "nccl backend: the stream belongs to CUDA device %d, but %s uses device %d", dev,
+                    c->label, c->dev);
+  }
+#endif
+  pthread_mutex_lock(&c->mu);
+  c->user_stream = (cudaStream_t)stream;
+  pthread_mutex_unlock(&c->mu);
+  DNCCL_LOG(h, DEBUG, "nccl backend: %s: ops now run on %s", c->label, stream ? "the caller's stream" : "its own stream");
+  return 0;
 }

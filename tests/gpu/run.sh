@@ -3,8 +3,12 @@
 # CUDA GPU (not part of "make check"). Builds the tree if needed
 # (./autogen.sh, ./configure, make), compiles tests/gpu/gpu_coll.c against
 # the public API, runs it as a world of 1 and, with 2 or more GPUs, as one
-# process per GPU through env://. Everything runs under `timeout` within
-# GPU_CHECK_BUDGET seconds (default 300). The last line is
+# process per GPU through env://; with 2 or more GPUs it also runs
+# tests/gpu/gpu_shrink.c, one process per GPU on the backend ABI: the last
+# rank is SIGKILLed, the survivors revoke, shrink (ncclCommShrink) and
+# check the smaller world, and the shrink is timed against abort + re-init.
+# Everything runs under `timeout` within GPU_CHECK_BUDGET seconds (default
+# 300). The last line is
 #   GPU checks: N passed, M failed
 # Exit: 0 all passed, 1 something failed, 77 no GPU (only the no-GPU error
 # was checked).
@@ -73,12 +77,21 @@ else bad "build: .libs/libdcomm.so or .libs/dcomm_nccl.so missing"; finish; fi
 if nm -D .libs/dcomm_nccl.so 2>/dev/null | grep -qE ' D dcomm_backend_v1$'; then ok "dcomm_nccl.so exports dcomm_backend_v1"
 else bad "dcomm_nccl.so does not export dcomm_backend_v1"; fi
 
-# 2. Compile the check program against the public API.
+# 2. Compile the check programs: gpu_coll against the public API,
+# gpu_shrink against the backend ABI (it loads dcomm_nccl.so itself).
+GPU_COLL=$LOGDIR/gpu_coll
+GPU_SHRINK=$LOGDIR/gpu_shrink
 if timeout "$(left 60)" gcc -I src -I "$CUDA/include" tests/gpu/gpu_coll.c -L.libs -ldcomm -L"$CUDA/lib64" -lcudart \
-  -Wl,-rpath,"$PWD/.libs" -o /tmp/gpu_coll >"$LOGDIR/compile.log" 2>&1; then
+  -Wl,-rpath,"$PWD/.libs" -o "$GPU_COLL" >"$LOGDIR/compile.log" 2>&1; then
   ok "compile tests/gpu/gpu_coll.c"
 else
   bad "compile tests/gpu/gpu_coll.c"; cat "$LOGDIR/compile.log"; finish
+fi
+if timeout "$(left 60)" gcc -Wall -Wextra -I src -I "$CUDA/include" tests/gpu/gpu_shrink.c -L"$CUDA/lib64" -lcudart \
+  -ldl -lpthread -Wl,-rpath,"$CUDA/lib64" -o "$GPU_SHRINK" >>"$LOGDIR/compile.log" 2>&1; then
+  ok "compile tests/gpu/gpu_shrink.c"
+else
+  bad "compile tests/gpu/gpu_shrink.c"; cat "$LOGDIR/compile.log"; finish
 fi
 
 export LD_LIBRARY_PATH="$CUDA/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -89,7 +102,7 @@ export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT DCOMM_INIT_METHOD
 
 # 3. How many GPUs.
-NDEV=$(timeout "$(left 30)" /tmp/gpu_coll --count-devices 2>"$LOGDIR/devices.log" | tail -n 1)
+NDEV=$(timeout "$(left 30)" "$GPU_COLL" --count-devices 2>"$LOGDIR/devices.log" | tail -n 1)
 case "$NDEV" in '' | *[!0-9]*) NDEV=0 ;; esac
 command -v nvidia-smi >/dev/null 2>&1 && timeout "$(left 20)" nvidia-smi -L 2>/dev/null | sed 's/^/  /'
 echo "CUDA devices: $NDEV $(cat "$LOGDIR/devices.log" 2>/dev/null)"
@@ -98,12 +111,16 @@ if [ "$NDEV" -eq 0 ]; then
   out=$(timeout "$(left 60)" ./dcomm-info 2>&1 || true)
   echo "$out" | grep -i nccl | sed 's/^/  /'
   if echo "$out" | grep -q 'no CUDA device'; then ok "dcomm-info names the missing GPU"; else bad "dcomm-info does not say 'no CUDA device'"; fi
+  d=$(mktemp -d "$LOGDIR/store.XXXXXX")
+  out=$(timeout "$(left 30)" "$GPU_SHRINK" "$ROOT/.libs/dcomm_nccl.so" "$d" 0 2 2>&1)
+  if echo "$out" | grep -q 'backend init.*no CUDA device'; then ok "the backend's init names the missing GPU"
+  else bad "the backend's init does not say 'no CUDA device': $out"; fi
   finish "no GPU"
 fi
 
 # 4. World of 1.
 PORT=$((29500 + RANDOM % 2000))
-GPU_COLL_PORT=$PORT timeout "$(left 150)" /tmp/gpu_coll >"$LOGDIR/world1.log" 2>&1
+GPU_COLL_PORT=$PORT timeout "$(left 150)" "$GPU_COLL" >"$LOGDIR/world1.log" 2>&1
 rc=$?
 cat "$LOGDIR/world1.log"
 tally "$LOGDIR/world1.log" "world of 1" "$rc"
@@ -118,7 +135,7 @@ if [ "$NDEV" -ge 2 ]; then
   pids=()
   for ((r = 0; r < N; r++)); do
     RANK=$r LOCAL_RANK=$r WORLD_SIZE=$N LOCAL_WORLD_SIZE=$N MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT \
-      timeout "$T" /tmp/gpu_coll >"$LOGDIR/rank$r.log" 2>&1 &
+      timeout "$T" "$GPU_COLL" >"$LOGDIR/rank$r.log" 2>&1 &
     pids+=($!)
   done
   for ((r = 0; r < N; r++)); do
@@ -131,6 +148,61 @@ if [ "$NDEV" -ge 2 ]; then
   done
 else
   echo "skip: one GPU, no multi-process run"
+fi
+
+# 6. Kill one rank, the survivors shrink (2 or more GPUs).
+# Waits until ready.0 .. ready.$(($2 - 1)) exist in directory $1, at most $3 s.
+wait_files() {
+  local d=$1 n=$2 t=$3 end=$((SECONDS + $3)) r missing
+  while :; do
+    missing=0
+    for ((r = 0; r < n; r++)); do [ -e "$d/ready.$r" ] || missing=1; done
+    [ "$missing" -eq 0 ] && return 0
+    [ "$SECONDS" -ge "$end" ] && return 1
+    sleep 0.1
+  done
+}
+if [ "$NDEV" -ge 2 ]; then
+  N=$NDEV
+  MAXR=${GPU_CHECK_MAX_RANKS:-8}
+  [ "$N" -gt "$MAXR" ] && N=$MAXR
+  V=$((N - 1))
+  STORE=$(mktemp -d "$LOGDIR/shrink-store.XXXXXX")
+  T=$(left 120)
+  t_start=$SECONDS
+  pids=()
+  for ((r = 0; r < N; r++)); do
+    timeout "$T" "$GPU_SHRINK" "$ROOT/.libs/dcomm_nccl.so" "$STORE" "$r" "$N" >"$LOGDIR/shrink$r.log" 2>&1 &
+    pids+=($!)
+  done
+  # Each rank writes its pid into ready.<rank> (under timeout, $! is
+  # timeout's pid, not the rank's).
+  if wait_files "$STORE" "$N" "$(left 60)"; then
+    vpid=$(cat "$STORE/ready.$V")
+    if [ -n "$vpid" ] && kill -KILL "$vpid" 2>/dev/null; then
+      wait "${pids[$V]}" 2>/dev/null
+      touch "$STORE/killed"
+      ok "SIGKILLed rank $V (pid $vpid) of $N"
+    else
+      bad "could not find or kill rank $V"
+      kill -TERM "${pids[@]}" 2>/dev/null
+    fi
+  else
+    bad "not every rank got its world working within the budget"
+    kill -TERM "${pids[@]}" 2>/dev/null
+  fi
+  for ((r = 0; r < V; r++)); do
+    wait "${pids[$r]}"
+    rcs[r]=$?
+  done
+  for ((r = 0; r < V; r++)); do
+    cat "$LOGDIR/shrink$r.log"
+    tally "$LOGDIR/shrink$r.log" "kill one of $N, survivor $r" "${rcs[$r]}"
+  done
+  echo "---- kill-one-rank recovery: $((SECONDS - t_start)) s in all"
+  grep -h 'figure: kill-one-rank' "$LOGDIR"/shrink*.log | sed 's/^/  /'
+else
+  echo "skip: one GPU, no kill-one-rank shrink"
 fi
 
 finish

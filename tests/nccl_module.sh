@@ -1,0 +1,38 @@
+#!/bin/sh
+# nccl_module.sh: the packaging promises of the nccl backend, checked on the
+# built tree: libdcomm.so depends on no CUDA or NCCL library (a CPU-only
+# user never needs CUDA), dcomm_nccl.so exports its one table, references
+# ncclCommShrink / ncclCommRevoke weakly (so it still loads against an NCCL
+# older than 2.27 / 2.28.7 and init reports them missing), and dcomm-info
+# lists the module with the reason it cannot run ("no CUDA device" here).
+# Environment: top_builddir (default .). Exit: 0 pass, 1 fail, 77 skip
+# (no nm/ldd, or the module is not built).
+b=${top_builddir:-.}
+lib=$b/.libs/libdcomm.so
+mod=$b/.libs/dcomm_nccl.so
+for t in nm ldd; do
+  command -v $t >/dev/null 2>&1 || { echo "nccl_module: no $t; skipping"; exit 77; }
+done
+[ -f "$mod" ] || { echo "nccl_module: $mod not built; skipping"; exit 77; }
+status=0
+fail() { echo "FAIL: $*"; status=1; }
+
+if ldd "$lib" | grep -Ei 'libcuda|libnccl'; then fail "libdcomm.so depends on CUDA/NCCL"
+else echo "ok: libdcomm.so needs no CUDA library"; fi
+syms=$(nm -D "$mod")
+echo "$syms" | grep -qE ' D dcomm_backend_v1$' && echo "ok: dcomm_backend_v1 exported" || fail "dcomm_backend_v1 not exported"
+# Only when built against a header that has them (NCCL >= 2.27 / 2.28.7).
+for f in ncclCommShrink ncclCommRevoke; do
+  line=$(echo "$syms" | grep -E " $f\$")
+  if [ -z "$line" ]; then echo "note: $f not referenced (older NCCL header)"
+  elif echo "$line" | grep -qE '^ +w '; then echo "ok: $f is weak"
+  else fail "$f is a strong reference ($line): the module would not load against an older NCCL"; fi
+done
+info=$(DCOMM_PLUGIN_PATH=$b/.libs "$b/dcomm-info" 2>&1)
+line=$(echo "$info" | grep -i nccl | head -n 1)
+echo "dcomm-info: $line"
+case "$line" in
+*"no CUDA device"* | *"CUDA device(s)"*) echo "ok: dcomm-info describes the nccl module" ;;
+*) fail "dcomm-info does not describe the nccl module" ;;
+esac
+exit $status
