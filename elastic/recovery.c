@@ -118,10 +118,25 @@ static int lead_round(struct dcomm_store *s, long gen) {
   return dcomm__store_set(s, "elastic/gen", g, (size_t)gl + 1);
 }
 
+/* A heartbeat holds the writer's CLOCK_MONOTONIC, which another host
+ * cannot compare with its own clock; so a member is judged by whether its
+ * heartbeat still changes: gone once the value stayed the same for longer
+ * than the heartbeat timeout of this process's clock. */
+struct hb_watch {
+  char id[40], last[64];
+  double since; /* when last changed, here */
+};
+
 /* 1 if the member's heartbeat (written by its watcher thread, which runs
- * even while its main thread is busy) is older than the timeout. */
-static int member_gone(struct dcomm_store *s, const char *id) {
+ * even while its main thread is busy) stopped changing. */
+static int member_gone(struct dcomm_store *s, struct hb_watch *hw, const char *id) {
   char key[96];
+  double now = dcomm__now();
+  if (strcmp(hw->id, id) != 0) {
+    snprintf(hw->id, sizeof(hw->id), "%s", id);
+    hw->last[0] = 0;
+    hw->since = now;
+  }
   snprintf(key, sizeof(key), "elastic/hb/%s", id);
   void *val = NULL;
   size_t len = 0;
@@ -129,8 +144,12 @@ static int member_gone(struct dcomm_store *s, const char *id) {
   char buf[64] = "";
   if (len < sizeof(buf)) memcpy(buf, val, len);
   free(val);
-  double age = dcomm__now() - strtod(buf, NULL); /* CLOCK_MONOTONIC, one host */
-  return age > dcomm__param_double(DCOMM_P_HEARTBEAT_TIMEOUT) + 1.0;
+  if (strcmp(buf, hw->last) != 0) {
+    memcpy(hw->last, buf, sizeof(buf));
+    hw->since = now;
+    return 0;
+  }
+  return now - hw->since > dcomm__param_double(DCOMM_P_HEARTBEAT_TIMEOUT) + 1.0;
 }
 
 /* Waits for the plan of round gen: 0 with the plan, 1 if the round's
@@ -140,6 +159,7 @@ static int wait_plan(struct dcomm_store *s, long gen, void **val, size_t *len) {
   snprintf(key, sizeof(key), "elastic/plan/%ld", gen);
   snprintf(lkey, sizeof(lkey), "elastic/join/%ld/m/1", gen);
   double deadline = dcomm__now() + s->timeout;
+  struct hb_watch hw = {.since = 0};
   for (;;) {
     int rc = dcomm__store_get(s, key, 1.0, val, len);
     if (rc != DCOMM_ETIMEDOUT) return rc;
@@ -152,7 +172,7 @@ static int wait_plan(struct dcomm_store *s, long gen, void **val, size_t *len) {
     if (dcomm__store_get(s, lkey, 0.001, &lv, &ll) == 0 && ll < sizeof(leader)) memcpy(leader, lv, ll);
     free(lv);
     char id[40] = "";
-    if (sscanf(leader, "%39s", id) == 1 && member_gone(s, id)) {
+    if (sscanf(leader, "%39s", id) == 1 && member_gone(s, &hw, id)) {
       DCOMM_LOG(WARN, ELASTIC, "the leader of round %ld (%s) is gone: moving to the next round", gen, id);
       return 1;
     }
