@@ -133,8 +133,8 @@ fi
 # second attempt must read a checkpoint and finish with the reference loss.
 sbatch_recipe() {
   local name=$1 script=$2 kill=$3 f
-  rm -f "$T/job.out"
-  DCOMM_LOG_LEVEL=info DCOMM_LOG_SUBSYS=elastic timeout -k 5 150 sbatch --wait -N 1 -n 4 -O -D "$T" -o "$T/job.out" \
+  rm -f "$T/job.out" "$T/done"
+  DONE_FILE=$T/done DCOMM_LOG_LEVEL=info DCOMM_LOG_SUBSYS=elastic timeout -k 5 150 sbatch --wait -N 1 -n 4 -O -D "$T" -o "$T/job.out" \
     "$ABS_S/examples/slurm/$script" "$ABS_SGD" "${SGD_ARGS[@]}" --checkpoint-dir "$T/ck-$script" --kill-rank "$kill" \
     --kill-at-step 13 --done-file '{done}' >"$T/err" 2>&1 </dev/null
   rc=$?
