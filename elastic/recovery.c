@@ -189,7 +189,10 @@ static int join_round(struct dcomm_world *w, long gen, int old_rank, int *rank, 
   int ml = snprintf(me, sizeof(me), "%s %d", w->member_id, old_rank);
   snprintf(key, sizeof(key), "elastic/join/%ld/m/%lld", gen, (long long)ticket);
   DCOMM_CHECK(dcomm__store_set(s, key, me, (size_t)ml + 1));
-  if (ticket == 1) DCOMM_CHECK(lead_round(s, gen));
+  if (ticket == 1) {
+    DCOMM_LOG(INFO, ELASTIC, "leading round %ld", gen);
+    DCOMM_CHECK(lead_round(s, gen));
+  }
   void *val = NULL;
   size_t len = 0;
   int rc = wait_plan(s, gen, &val, &len);

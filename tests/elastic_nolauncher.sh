@@ -11,6 +11,9 @@
 #     ahead (a time namespace: another host's clock), so it waits for the
 #     plan of a leader whose heartbeat values it cannot compare with its
 #     own clock; it must not take the leader for dead and split off;
+#   - the leader of the recovery round is killed before it publishes the
+#     plan: the others take it for dead once its heartbeat stops changing
+#     and finish in generation 2 with a world of 2;
 #   - rank 0 (the store host) dies: every survivor exits non-zero, naming
 #     the lost store, well before the timeout (no hang).
 # Environment: top_builddir (default .). Every process is bounded by timeout(1).
@@ -96,6 +99,39 @@ if [ -n "$TIMENS" ]; then
   expect_shrunk "kill -9 of rank 2 with a follower whose monotonic clock is 5000 s ahead"
 else
   echo "# unshare --time does not work here: the clock case is not run"
+fi
+
+# The leader of round 1 dies before it publishes the plan: the others see
+# its heartbeat stop changing and meet again in round 2. Rank 0 (the store
+# host) is slow to notice, so it does not lead.
+kill_leader() {
+  local pid= i
+  for i in $(seq 1 300); do
+    pid=$(sed -n 's/^\[dcomm [^:]*:\([0-9]*\) .*leading round 1$/\1/p' "$T/err" 2>/dev/null | head -n 1)
+    [ -n "$pid" ] && break
+    sleep 0.1
+  done
+  [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null && echo "$pid" >"$T/leader"
+}
+: >"$T/err"
+rm -f "$T/leader"
+kill_leader &
+killer=$!
+DCOMM_LOG_LEVEL=info DCOMM_LOG_SUBSYS=elastic DCOMM_ELASTIC_SETTLE=3 \
+  run4 leader -- --kill-rank 2 --kill-at-step 13 --slow-rank 0 --slow-ms 800
+wait "$killer"
+f=$(final_line "$T/out")
+name="the leader of round 1 is killed before its plan: the others meet in round 2"
+if [ ! -s "$T/leader" ]; then
+  result 1 "$name" "no process logged 'leading round 1'"
+elif [ "$(grep -c 'final step=' "$T/out")" != 1 ] || ! echo "$f" | grep -q "step=$STEPS world=2 generation=2 "; then
+  result 1 "$name" "expected one step=$STEPS world=2 generation=2, got '$f'"
+elif ! same_loss "$(loss_of "$T/out")" "$REF"; then
+  result 1 "$name" "loss $(loss_of "$T/out") differs from the failure-free $REF"
+elif ! grep -q 'the leader of round 1 .* is gone' "$T/err"; then
+  result 1 "$name" "nobody reported the leader gone"
+else
+  result 0 "$name"
 fi
 
 SECONDS=0
