@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "error.h"
@@ -21,26 +20,6 @@
 #include "runtime.h"
 #include "sock.h"
 #include "store.h"
-
-static char boot_id[40];
-static void read_boot_id(void) {
-  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-  if (!f || !fgets(boot_id, sizeof(boot_id), f)) snprintf(boot_id, sizeof(boot_id), "unknown");
-  if (f) fclose(f);
-  boot_id[strcspn(boot_id, "\n")] = 0;
-}
-
-const char *dcomm__boot_id(void) {
-  static pthread_once_t once = PTHREAD_ONCE_INIT;
-  pthread_once(&once, read_boot_id);
-  return boot_id;
-}
-
-double dcomm__realtime(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void abort_generation(struct dcomm_world *w, long gen, const char *why) {
   pthread_mutex_lock(&w->lock);
@@ -61,11 +40,8 @@ static void *watcher_main(void *arg) {
   char hbkey[128];
   snprintf(hbkey, sizeof(hbkey), "elastic/hb/%s", w->member_id);
   while (!__atomic_load_n(&w->watcher_stop, __ATOMIC_ACQUIRE)) {
-    /* CLOCK_MONOTONIC, which the processes of one boot share (the
-     * launcher compares it), then the wall clock and the boot id for
-     * readers on other hosts. */
-    char hb[128];
-    int n = snprintf(hb, sizeof(hb), "%.3f %.3f %s", dcomm__now(), dcomm__realtime(), dcomm__boot_id());
+    char hb[64]; /* CLOCK_MONOTONIC: shared by the processes of one host */
+    int n = snprintf(hb, sizeof(hb), "%.3f", dcomm__now());
     if (dcomm__store_set(w->estore, hbkey, hb, (size_t)n + 1) < 0) {
       usleep((useconds_t)(interval * 1e6));
       continue;

@@ -218,23 +218,38 @@ static int lead_round(struct dcomm_store *s, long gen) {
   return dcomm__store_set(s, "elastic/gen", g, (size_t)gl + 1);
 }
 
+/* A heartbeat holds the writer's CLOCK_MONOTONIC, which another host
+ * cannot compare with its own clock; so a member is judged by whether its
+ * heartbeat still changes: gone once the value stayed the same for longer
+ * than the heartbeat timeout of this process's clock. */
+struct hb_watch {
+  char id[40], last[64];
+  double since; /* when last changed, here */
+};
+
 /* 1 if the member's heartbeat (written by its watcher thread, which runs
- * even while its main thread is busy) is older than the timeout: by the
- * monotonic clock on the same boot, else by the wall clock. */
-static int member_gone(struct dcomm_store *s, const char *id) {
+ * even while its main thread is busy) stopped changing. */
+static int member_gone(struct dcomm_store *s, struct hb_watch *hw, const char *id) {
   char key[96];
+  double now = dcomm__now();
+  if (strcmp(hw->id, id) != 0) {
+    snprintf(hw->id, sizeof(hw->id), "%s", id);
+    hw->last[0] = 0;
+    hw->since = now;
+  }
   snprintf(key, sizeof(key), "elastic/hb/%s", id);
   void *val = NULL;
   size_t len = 0;
   if (dcomm__store_get(s, key, 0.001, &val, &len) < 0) return 0; /* no heartbeats: cannot tell */
-  char buf[128] = "", boot[40] = "";
+  char buf[64] = "";
   if (len < sizeof(buf)) memcpy(buf, val, len);
   free(val);
-  double mono = 0, real = 0;
-  int n = sscanf(buf, "%lf %lf %39s", &mono, &real, boot);
-  if (n < 1) return 0;
-  double age = n == 3 && strcmp(boot, dcomm__boot_id()) ? dcomm__realtime() - real : dcomm__now() - mono;
-  return age > dcomm__param_double(DCOMM_P_HEARTBEAT_TIMEOUT) + 1.0;
+  if (strcmp(buf, hw->last) != 0) {
+    memcpy(hw->last, buf, sizeof(buf));
+    hw->since = now;
+    return 0;
+  }
+  return now - hw->since > dcomm__param_double(DCOMM_P_HEARTBEAT_TIMEOUT) + 1.0;
 }
 
 /* Waits for the plan of round gen: 0 with the plan, 1 if the round's
@@ -244,6 +259,7 @@ static int wait_plan(struct dcomm_store *s, long gen, void **val, size_t *len) {
   snprintf(key, sizeof(key), "elastic/plan/%ld", gen);
   snprintf(lkey, sizeof(lkey), "elastic/join/%ld/m/1", gen);
   double deadline = dcomm__now() + s->timeout;
+  struct hb_watch hw = {.since = 0};
   for (;;) {
     int rc = dcomm__store_get(s, key, 1.0, val, len);
     if (rc != DCOMM_ETIMEDOUT) return rc;
@@ -256,7 +272,7 @@ static int wait_plan(struct dcomm_store *s, long gen, void **val, size_t *len) {
     if (dcomm__store_get(s, lkey, 0.001, &lv, &ll) == 0 && ll < sizeof(leader)) memcpy(leader, lv, ll);
     free(lv);
     char id[40] = "";
-    if (sscanf(leader, "%39s", id) == 1 && member_gone(s, id)) {
+    if (sscanf(leader, "%39s", id) == 1 && member_gone(s, &hw, id)) {
       DCOMM_LOG(WARN, ELASTIC, "the leader of round %ld (%s) is gone: moving to the next round", gen, id);
       return 1;
     }
@@ -274,7 +290,10 @@ static int join_round(struct dcomm_world *w, long gen, int old_rank, int *rank, 
                     (long)dcomm__param_int(DCOMM_P_AGENT_SLOT), w->local_rank);
   snprintf(key, sizeof(key), "elastic/join/%ld/m/%lld", gen, (long long)ticket);
   DCOMM_CHECK(dcomm__store_set(s, key, me, (size_t)ml + 1));
-  if (ticket == 1) DCOMM_CHECK(lead_round(s, gen));
+  if (ticket == 1) {
+    DCOMM_LOG(INFO, ELASTIC, "leading round %ld", gen);
+    DCOMM_CHECK(lead_round(s, gen));
+  }
   void *val = NULL;
   size_t len = 0;
   int rc = wait_plan(s, gen, &val, &len);

@@ -7,6 +7,9 @@
  * makes that rank SIGKILL itself once, to show the job going on
  * (--kill-in-save 1: inside rank 0's checkpoint save of that step;
  * --kill-in-recovery R: rank R of the rebuilt world dies during recovery).
+ * The kills happen in the first life of the job only: generation 0 with
+ * DCOMM_RESTART_COUNT unset or 0 (a batch script that reruns the job sets
+ * it). --done-file F: rank 0 writes the final line to F when it finished.
  *
  *   dcomm-run --nproc-per-node 4 -- examples/elastic_sgd --steps 200 \
  *       --checkpoint-every 10 --checkpoint-dir /tmp/ckpt --kill-rank 2 --kill-at-step 57
@@ -46,6 +49,7 @@ struct app {
   int every;
   int sleep_ms; /* per step, to make room for a demo's SIGSTOP */
   int slow_rank, slow_ms; /* this rank computes slowly at the kill step */
+  const char *done_file;  /* rank 0 writes the final line here when the job finished */
 };
 
 /* Sample i of the stream: features and target from a fixed generator. */
@@ -164,7 +168,7 @@ static void usage(void) {
   fprintf(stderr,
           "usage: elastic_sgd --steps N --checkpoint-every K --checkpoint-dir DIR [--lr X]\n"
           "                   [--kill-rank R[,R...] --kill-at-step S [--kill-in-save 1]] [--kill-in-recovery R]\n"
-          "                   [--sleep-ms MS] [--slow-rank R --slow-ms MS]\n");
+          "                   [--sleep-ms MS] [--slow-rank R --slow-ms MS] [--done-file FILE]\n");
   exit(2);
 }
 
@@ -185,6 +189,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--kill-in-save")) a.kill_in_save = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--kill-in-recovery")) a.kill_in_recovery = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--kill-at-step")) a.kill_at = atol(argv[++i]);
+    else if (!strcmp(argv[i], "--done-file")) a.done_file = argv[++i];
     else usage();
   }
   if (steps <= 0 || (a.every > 0 && !dir)) usage();
@@ -225,9 +230,20 @@ int main(int argc, char **argv) {
     dcomm_finalize();
     return 1;
   }
-  if (dcomm_rank() == 0)
-    printf("final step=%llu world=%d generation=%ld loss=%.12g\n", (unsigned long long)a.st.step + 1,
-           dcomm_world_size(), dcomm_generation(), a.st.loss);
+  if (dcomm_rank() == 0) {
+    char line[160];
+    snprintf(line, sizeof(line), "final step=%llu world=%d generation=%ld loss=%.12g\n",
+             (unsigned long long)a.st.step + 1, dcomm_world_size(), dcomm_generation(), a.st.loss);
+    fputs(line, stdout);
+    /* A batch script that reruns the job stops when this file exists. */
+    FILE *f = a.done_file ? fopen(a.done_file, "w") : NULL;
+    if (f) {
+      fputs(line, f);
+      fclose(f);
+    } else if (a.done_file) {
+      fprintf(stderr, "elastic_sgd: cannot write %s\n", a.done_file);
+    }
+  }
   dcomm_finalize();
   return 0;
 }

@@ -80,10 +80,6 @@ int dcomm__run_op(struct dcomm_group *grp, struct dcomm_coll_args *a, const char
 
 /* elastic/: watcher thread, joiner rendezvous. */
 int dcomm__elastic_start(struct dcomm_world *w);
-/* membership.c: this host's boot id (heartbeats say on which boot their
- * monotonic clock runs) and the wall clock in seconds. */
-const char *dcomm__boot_id(void);
-double dcomm__realtime(void);
 void dcomm__elastic_stop(struct dcomm_world *w);
 int dcomm__elastic_join(struct dcomm_world *w);
 

@@ -5,12 +5,17 @@
 # their identity against OMPI_COMM_WORLD_*, run collectives and print
 # "rank R ok"; then the same with init-method detection, other sizes,
 # repeated init / finalize, and pmix:// without a launcher must fail
-# clearly. Builds nothing.
+# clearly. Then recovery in place: examples/elastic_sgd in elastic mode
+# under mpirun --enable-recovery (Open MPI 4.1 needs no other flag; without
+# it mpirun aborts the job when a rank dies), one rank SIGKILLs itself: the
+# others shrink and finish with the failure-free loss, mpirun exits 0.
+# Builds nothing.
 # Environment: top_builddir (default .). Every run is bounded by timeout(1).
 # Exit status: 0 pass, 1 fail, 77 skip (no mpirun, no pmix_coll, no PMIx).
 
 B=${top_builddir:-.}
 PROG=$B/tests/pmix_coll
+SGD=$B/examples/elastic_sgd
 
 if ! command -v mpirun >/dev/null 2>&1; then
   echo "pmix_mpirun: mpirun not found (apt-get install openmpi-bin); skipping"
@@ -37,23 +42,7 @@ unset DCOMM_INIT_METHOD MASTER_ADDR MASTER_PORT RANK WORLD_SIZE LOCAL_RANK LOCAL
 unset SLURM_PROCID SLURM_JOB_ID SLURM_STEP_ID
 export DCOMM_TIMEOUT=60 DCOMM_CONNECT_TIMEOUT=30
 
-passed=0
-failed=0
-n=0
-
-result() { # result STATUS NAME [why]
-  n=$((n + 1))
-  if [ "$1" = 0 ]; then
-    echo "ok $n - $2"
-    passed=$((passed + 1))
-  else
-    echo "not ok $n - $2${3:+ ($3)}"
-    failed=$((failed + 1))
-    for f in "$T/out" "$T/err"; do
-      [ -s "$f" ] && sed "s/^/#   $(basename "$f"): /" "$f" | head -40
-    done
-  fi
-}
+. "${top_srcdir:-.}/tests/lib.sh"
 
 # run_np NP ARGS...: mpirun bounded; output in $T/out and $T/err; sets rc.
 run_np() {
@@ -106,5 +95,46 @@ else
   result 1 "pmix:// without mpirun: 'no PMIx server'" "exit $rc"
 fi
 
-echo "$passed passed, $failed failed"
-[ "$failed" = 0 ]
+# ---- recovery in place under mpirun --enable-recovery ----
+# sgd_np NAME MPIRUN-FLAGS -- SGD-ARGS: 4 ranks of elastic_sgd, bounded.
+sgd_np() {
+  local mflags=()
+  while [ "$1" != -- ]; do mflags+=("$1"); shift; done
+  shift
+  rm -rf "$T/ckpt"
+  DCOMM_ELASTIC=1 DCOMM_ELASTIC_SETTLE=2 timeout -k 5 120 mpirun --allow-run-as-root --oversubscribe -np 4 \
+    "${mflags[@]}" "$SGD" --steps 40 --checkpoint-every 5 --checkpoint-dir "$T/ckpt" "$@" >"$T/out" 2>"$T/err" </dev/null
+  rc=$?
+}
+
+if [ ! -x "$SGD" ]; then
+  echo "# $SGD not built: the recovery cases are not run"
+else
+  sgd_np --enable-recovery --
+  ref=$(loss_of "$T/out")
+  if [ "$rc" = 0 ] && final_line "$T/out" | grep -q 'world=4 generation=0 '; then
+    result 0 "mpirun -np 4 elastic_sgd, failure-free (loss $ref)"
+  else
+    result 1 "mpirun -np 4 elastic_sgd, failure-free" "exit $rc"
+  fi
+  sgd_np --enable-recovery -- --kill-rank 2 --kill-at-step 13
+  f=$(final_line "$T/out")
+  if [ "$rc" != 0 ]; then
+    result 1 "mpirun --enable-recovery: kill -9 of rank 2 is survived in place" "mpirun exited $rc"
+  elif ! echo "$f" | grep -q 'step=40 world=3 generation=1 '; then
+    result 1 "mpirun --enable-recovery: kill -9 of rank 2 is survived in place" "final line '$f'"
+  elif ! same_loss "$(loss_of "$T/out")" "$ref"; then
+    result 1 "mpirun --enable-recovery: kill -9 of rank 2 is survived in place" "loss $(loss_of "$T/out") != $ref"
+  else
+    result 0 "mpirun --enable-recovery: kill -9 of rank 2 is survived in place ($(grep -o 'recovered: [^(]*' "$T/out"))"
+  fi
+  # Without --enable-recovery mpirun ends the job: what dcomm_pmix(7) says.
+  sgd_np -- --kill-rank 2 --kill-at-step 13
+  if [ "$rc" != 0 ] && [ "$rc" != 124 ] && ! grep -q 'final step=' "$T/out"; then
+    result 0 "mpirun without --enable-recovery aborts the job when a rank dies (exit $rc)"
+  else
+    result 1 "mpirun without --enable-recovery aborts the job when a rank dies" "exit $rc"
+  fi
+fi
+
+finish

@@ -7,14 +7,26 @@
 #   (b) srun --mpi=none -K0, init method detected: slurm:// (no PMIx, no
 #       MASTER_ADDR in the tasks), rank 0 hosts the store on the first node;
 #   (c) srun --mpi=none with slurm:// and DCOMM_STORE_PORT.
+#   (d) srun --mpi=none -K0 with examples/elastic_sgd in elastic mode, one
+#       task SIGKILLed: the others shrink in place (no launcher: the round
+#       closes after DCOMM_ELASTIC_SETTLE) and finish with the failure-free
+#       loss;
+#   (e) examples/slurm/dcomm-restart.sbatch under sbatch --wait (srun
+#       --mpi=pmix; SLURM cancels the step when a task dies): the second
+#       step resumes from rank 0's checkpoint and the job finishes right;
+#   (f) examples/slurm/dcomm-shrink.sbatch with task 0, the store host,
+#       killed: the in-step recovery cannot go on, the script reruns the
+#       step, which resumes from the checkpoint and finishes right.
 # Every daemon it starts is stopped by its own pid (pid files), never by
-# name, and the temp dir is removed, also on failure. Needs root.
+# name (tests/lib.sh), and the temp dir is removed, also on failure. Needs root.
 # Environment: top_builddir (default .). Every step is bounded by timeout(1).
 # Exit status: 0 pass, 1 fail, 77 skip (no SLURM / munge, not root, the
 # daemons cannot start here).
 
 B=${top_builddir:-.}
+S=${top_srcdir:-.}
 PROG=$B/tests/pmix_coll
+SGD=$B/examples/elastic_sgd
 
 skip() {
   echo "slurm_cluster: $*; skipping"
@@ -28,135 +40,18 @@ done
 [ -x "$PROG" ] || skip "$PROG not built (make check builds it)"
 
 T=$(mktemp -d "${TMPDIR:-/tmp}/slurm_cluster.XXXXXX") || exit 1
-chmod 755 "$T"
-
-stop_pid_file() { # stop_pid_file FILE: TERM, then KILL after 10 s
-  local f=$1 p
-  [ -f "$f" ] || return 0
-  p=$(cat "$f" 2>/dev/null)
-  case $p in '' | *[!0-9]*) return 0 ;; esac
-  kill -TERM "$p" 2>/dev/null || return 0
-  for _ in $(seq 1 50); do
-    kill -0 "$p" 2>/dev/null || return 0
-    sleep 0.2
-  done
-  kill -KILL "$p" 2>/dev/null
-}
-
-cleanup() {
-  if [ -f "$T/slurmctld.pid" ]; then # steps still running belong to our cluster only
-    for j in $(timeout 10 squeue -h -o %i 2>/dev/null); do timeout 10 scancel "$j" 2>/dev/null; done
-  fi
-  stop_pid_file "$T/slurmd.pid"
-  stop_pid_file "$T/slurmctld.pid"
-  stop_pid_file "$T/munge/munged.pid"
-  rm -rf "$T"
-}
-trap cleanup EXIT
+. "${top_srcdir:-.}/tests/lib.sh"
+trap 'slurm_cluster_stop "$T"; rm -rf "$T"' EXIT
 trap 'exit 1' INT TERM HUP
 
 # Nothing from an enclosing job or launcher may leak into ours.
 while read -r v; do unset "$v"; done < <(compgen -e | grep -E '^(SLURM_|PMIX_|PMI_|OMPI_)')
-unset DCOMM_INIT_METHOD DCOMM_STORE_PORT MASTER_ADDR MASTER_PORT RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE
+unset DCOMM_INIT_METHOD DCOMM_STORE_PORT DCOMM_ELASTIC DCOMM_RESTART_COUNT MASTER_ADDR MASTER_PORT RANK WORLD_SIZE \
+  LOCAL_RANK LOCAL_WORLD_SIZE
 export DCOMM_TIMEOUT=60 DCOMM_CONNECT_TIMEOUT=30
 export PMIX_MCA_psec=native PMIX_MCA_gds=hash
 
-# A TCP port nobody listens on (bash's /dev/tcp connect as the probe).
-free_port() {
-  local p
-  for _ in $(seq 1 50); do
-    p=$((10000 + RANDOM % 10000))
-    (echo >"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return 0; }
-  done
-  echo 16817
-}
-
-# ---- munge ----
-KEY=/etc/munge/munge.key
-if [ ! -e "$KEY" ]; then
-  mkdir -p /etc/munge
-  dd if=/dev/urandom of="$KEY" bs=1024 count=1 status=none || skip "cannot create $KEY"
-  chown munge: "$KEY" 2>/dev/null
-  chmod 400 "$KEY"
-fi
-mkdir -p "$T/munge"
-chown munge: "$T/munge" 2>/dev/null
-chmod 700 "$T/munge"
-MSOCK=$T/munge/munge.socket.2
-timeout 20 munged --force --socket="$MSOCK" --pid-file="$T/munge/munged.pid" --log-file="$T/munge/munged.log" \
-  --seed-file="$T/munge/munged.seed" --key-file="$KEY" >"$T/munge/start.out" 2>&1 ||
-  skip "munged does not start: $(tail -n 1 "$T/munge/start.out" "$T/munge/munged.log" 2>/dev/null | grep -v '^==>' | grep . | tail -n 1)"
-for _ in $(seq 1 50); do [ -S "$MSOCK" ] && break; sleep 0.1; done
-[ -S "$MSOCK" ] || skip "munged made no socket at $MSOCK"
-
-# ---- slurm ----
-HOST=$(hostname)
-MEM=$(awk '/^MemTotal:/ { m = int($2 / 1024 * 0.9); print (m < 20000 ? m : 20000) }' /proc/meminfo)
-CPUS=$(nproc)
-mkdir -p "$T/state" "$T/spool"
-export SLURM_CONF=$T/slurm.conf
-cat >"$SLURM_CONF" <<EOF
-ClusterName=local
-SlurmctldHost=$HOST
-SlurmctldPort=$(free_port)
-SlurmdPort=$(free_port)
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-AuthInfo=socket=$MSOCK
-CredType=cred/munge
-StateSaveLocation=$T/state
-SlurmdSpoolDir=$T/spool
-SlurmctldPidFile=$T/slurmctld.pid
-SlurmdPidFile=$T/slurmd.pid
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-MpiDefault=none
-SchedulerType=sched/builtin
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-ReturnToService=2
-SlurmctldLogFile=$T/ctld.log
-SlurmdLogFile=$T/slurmd.log
-JobAcctGatherType=jobacct_gather/none
-NodeName=$HOST CPUs=$CPUS RealMemory=$MEM State=UNKNOWN
-PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:8
-EOF
-
-last_log_line() { # the last error-looking line of the daemons' logs
-  grep -hiE 'error|fatal' "$T/ctld.log" "$T/slurmd.log" "$T"/*.out 2>/dev/null | tail -n 1
-}
-
-timeout 30 slurmctld -i >"$T/ctld.out" 2>&1 || skip "slurmctld does not start: $(last_log_line)"
-for _ in $(seq 1 50); do [ -s "$T/slurmctld.pid" ] && break; sleep 0.2; done
-timeout 30 slurmd >"$T/slurmd.out" 2>&1 || skip "slurmd does not start: $(last_log_line)"
-
-state=
-until_s=$((SECONDS + 60))
-while [ "$SECONDS" -lt "$until_s" ]; do
-  state=$(timeout 5 sinfo -h -N -o %T 2>/dev/null | head -n 1)
-  [ "$state" = idle ] && break
-  sleep 1
-done
-[ "$state" = idle ] || skip "node $HOST is '${state:-not reported}' after 60 s: $(last_log_line)"
-
-passed=0
-failed=0
-n=0
-
-result() { # result STATUS NAME [why]
-  n=$((n + 1))
-  if [ "$1" = 0 ]; then
-    echo "ok $n - $2"
-    passed=$((passed + 1))
-  else
-    echo "not ok $n - $2${3:+ ($3)}"
-    failed=$((failed + 1))
-    for f in "$T/out" "$T/err"; do
-      [ -s "$f" ] && sed "s/^/#   $(basename "$f"): /" "$f" | head -40
-    done
-  fi
-}
+slurm_cluster_start "$T" || skip "$SLURM_WHY"
 
 # expect_ok NTASKS NAME SRUN-ARGS... -- PROG-ARGS...: NTASKS "ok" lines, exit 0.
 expect_ok() {
@@ -176,8 +71,8 @@ expect_ok() {
 }
 
 # (a) PMIx through slurmstepd
-timeout 30 "$PROG" pmix:// >"$T/out" 2>"$T/err" </dev/null
-if grep -q "built without PMIx" "$T/err"; then
+timeout 30 "$PROG" pmix:// >"$T/out" 2>"$T/pmix.err" </dev/null
+if grep -q "built without PMIx" "$T/pmix.err"; then
   echo "# dcomm was built without PMIx: (a) not run"
 elif timeout 20 srun --mpi=list 2>&1 | grep -q pmix; then
   expect_ok 4 "srun --mpi=pmix -n 4: pmix://" --mpi=pmix -- pmix://
@@ -197,5 +92,84 @@ fi
 # (c) explicit slurm:// on a chosen port
 DCOMM_STORE_PORT=$(free_port) expect_ok 3 "srun --mpi=none -n 3: slurm:// with DCOMM_STORE_PORT" --mpi=none -K0 -- slurm://
 
-echo "$passed passed, $failed failed"
-[ "$failed" = 0 ]
+# ---- recovery ----
+if [ ! -x "$SGD" ]; then
+  echo "# $SGD not built: (d) to (f) not run"
+  finish
+fi
+SGD_ARGS=(--steps 40 --checkpoint-every 5)
+ABS_SGD=$(cd "$(dirname "$SGD")" && pwd)/elastic_sgd # the batch job runs in $T
+ABS_S=$(cd "$S" && pwd)
+export DCOMM_ELASTIC_SETTLE=2
+
+# (d) in-step shrink
+timeout -k 5 120 srun --mpi=none -K0 -n 4 -O env DCOMM_ELASTIC=1 "$SGD" "${SGD_ARGS[@]}" --checkpoint-dir "$T/ck-ref" \
+  >"$T/out" 2>"$T/err" </dev/null
+rc=$?
+REF=$(loss_of "$T/out")
+if [ "$rc" = 0 ] && [ -n "$REF" ]; then
+  result 0 "srun --mpi=none -K0 -n 4 elastic_sgd, failure-free (loss $REF)"
+else
+  result 1 "srun --mpi=none -K0 -n 4 elastic_sgd, failure-free" "exit $rc"
+  finish
+fi
+
+name="srun --mpi=none -K0 -n 4: kill -9 of task 2, the others shrink in place"
+timeout -k 5 120 srun --mpi=none -K0 -n 4 -O env DCOMM_ELASTIC=1 "$SGD" "${SGD_ARGS[@]}" --checkpoint-dir "$T/ck-d" \
+  --kill-rank 2 --kill-at-step 13 >"$T/out" 2>"$T/err" </dev/null
+rc=$?
+f=$(final_line "$T/out")
+if [ "$rc" = 124 ] || ! grep -q 'task 2: Killed' "$T/err"; then
+  result 1 "$name" "srun exit $rc, task 2 not reported killed"
+elif ! echo "$f" | grep -q 'step=40 world=3 generation=1 '; then
+  result 1 "$name" "final line '$f'"
+elif ! same_loss "$(loss_of "$T/out")" "$REF"; then
+  result 1 "$name" "loss $(loss_of "$T/out") != $REF"
+else
+  result 0 "$name ($(grep -o 'recovered: [^(]*' "$T/out"))"
+fi
+
+# sbatch_recipe NAME SCRIPT KILL-RANK: the recipe under sbatch --wait; the
+# second attempt must read a checkpoint and finish with the reference loss.
+sbatch_recipe() {
+  local name=$1 script=$2 kill=$3 f
+  rm -f "$T/job.out" "$T/done"
+  DONE_FILE=$T/done DCOMM_LOG_LEVEL=info DCOMM_LOG_SUBSYS=elastic timeout -k 5 150 sbatch --wait -N 1 -n 4 -O -D "$T" -o "$T/job.out" \
+    "$ABS_S/examples/slurm/$script" "$ABS_SGD" "${SGD_ARGS[@]}" --checkpoint-dir "$T/ck-$script" --kill-rank "$kill" \
+    --kill-at-step 13 --done-file '{done}' >"$T/err" 2>&1 </dev/null
+  rc=$?
+  cp "$T/job.out" "$T/out" 2>/dev/null
+  f=$(final_line "$T/out")
+  # What the second attempt printed: it must have resumed from step 9's checkpoint.
+  local second
+  second=$(sed -n '/attempt 2:/,$p' "$T/out")
+  if [ "$rc" != 0 ]; then
+    result 1 "$name" "sbatch --wait exited $rc"
+  elif ! grep -q 'finished after 2 attempt' "$T/out"; then
+    result 1 "$name" "not finished by the second attempt"
+  elif ! echo "$second" | grep -q 'checkpoint: read step 9 '; then
+    result 1 "$name" "the second attempt did not resume from the checkpoint of step 9"
+  elif echo "$second" | grep -q '^step=0 '; then
+    result 1 "$name" "the second attempt started over at step 0"
+  elif ! echo "$f" | grep -q 'step=40 world=4 '; then
+    result 1 "$name" "final line '$f'"
+  elif ! same_loss "$(loss_of "$T/out")" "$REF"; then
+    result 1 "$name" "loss $(loss_of "$T/out") != $REF"
+  else
+    result 0 "$name"
+  fi
+}
+
+# (e) restart-based recovery under srun --mpi=pmix
+if timeout 20 srun --mpi=list 2>&1 | grep -q pmix && ! grep -q "built without PMIx" "$T/pmix.err" 2>/dev/null; then
+  sbatch_recipe "sbatch dcomm-restart.sbatch: task 1 killed, the step reruns and resumes from the checkpoint" \
+    dcomm-restart.sbatch 1
+else
+  echo "# no PMIx: (e) not run"
+fi
+
+# (f) the store host dies: the shrink recipe falls back to a restart
+sbatch_recipe "sbatch dcomm-shrink.sbatch: task 0 (the store host) killed, the step reruns and resumes" \
+  dcomm-shrink.sbatch 0
+
+finish
