@@ -140,8 +140,11 @@ static void store_warn(struct agent *a, const char *what) {
   run_log("warning: store %s failed: %s", what, dcomm_last_error());
 }
 
+/* Once this node is out of the etcd job, its store calls are pointless. */
+static int store_usable(struct agent *a) { return a->st && !(a->rdzv && run_rdzv_lost(a->rdzv, NULL, 0)); }
+
 static void store_set_text(struct agent *a, const char *key, const char *val) {
-  if (!a->st) return;
+  if (!store_usable(a)) return;
   if (dcomm__store_set(a->st, key, val, strlen(val) + 1) < 0) store_warn(a, "set");
 }
 
@@ -159,7 +162,7 @@ static void set_alive(struct agent *a) {
 
 /* Reads a short text value without waiting; 1 found, 0 absent, -1 error. */
 static int store_peek(struct agent *a, const char *key, char *buf, size_t n) {
-  if (!a->st) return -1;
+  if (!store_usable(a)) return -1;
   void *v = NULL;
   size_t len = 0;
   int rc = dcomm__store_get(a->st, key, 0, &v, &len);
@@ -401,6 +404,7 @@ static void reap(struct agent *a) {
 
 static void heartbeat_check(struct agent *a) {
   double now = dcomm__now(), wall = wall_now();
+  if (a->rdzv && !run_rdzv_healthy(a->rdzv)) return; /* etcd, not the workers, is silent */
   for (size_t i = 0; i < a->nw && a->phase == PH_RUN; i++) {
     struct run_worker *w = a->w[i];
     if (!w->running || w->hung || w->agent_stop) continue;

@@ -946,6 +946,39 @@ int dcomm__etcd_cas(struct dcomm_etcd *c, const char *key, int64_t mod_revision,
                     done, current);
 }
 
+int dcomm__etcd_puts_if(struct dcomm_etcd *c, const char *key, int64_t mod_revision, const struct dcomm_etcd_put *puts,
+                        size_t n, int *done) {
+  const char *what = "txn puts-if";
+  if (done) *done = 0;
+  DCOMM_CHECK(check_key(c, key, what));
+  if (!puts || n == 0) return dcomm__err(DCOMM_EINVAL, "etcd %s: no puts", what);
+  for (size_t i = 0; i < n; i++) {
+    DCOMM_CHECK(check_key(c, puts[i].key, what));
+    if (puts[i].len && !puts[i].val) return dcomm__err(DCOMM_EINVAL, "etcd %s: NULL value", what);
+  }
+  json_t *ops = json_array();
+  json_t *cmp = cmp_i64("MOD", "mod_revision", mod_revision);
+  int fail = !ops || !cmp || jset_b64(cmp, "key", key, strlen(key));
+  for (size_t i = 0; i < n && !fail; i++) {
+    json_t *po = put_obj(puts[i].key, puts[i].val, puts[i].len, puts[i].lease);
+    fail = !po || json_array_append_new(ops, json_pack("{s:o}", "request_put", po)) != 0;
+  }
+  json_t *req = NULL;
+  if (!fail) {
+    req = json_pack("{s:[o], s:o}", "compare", cmp, "success", ops);
+    cmp = ops = NULL;
+  }
+  json_decref(cmp);
+  json_decref(ops);
+  json_t *resp;
+  DCOMM_CHECK(call(c, what, "/v3/kv/txn", req, -1, 0, &resp));
+  int ok = 0;
+  int rc = j_bool(resp, "succeeded", &ok, what);
+  json_decref(resp);
+  if (rc == 0 && done) *done = ok;
+  return rc;
+}
+
 int dcomm__etcd_delete_prefix_if(struct dcomm_etcd *c, const char *prefix, const char *key, int64_t mod_revision,
                                  int *done) {
   const char *what = "txn delete-if";
@@ -1467,6 +1500,11 @@ int dcomm__etcd_create_if_absent(struct dcomm_etcd *c, const char *key, const vo
 }
 int dcomm__etcd_cas(struct dcomm_etcd *c, const char *key, int64_t mod_revision, const void *val, size_t len,
                     int64_t lease, int *done, struct dcomm_etcd_kv *current) {
+  return NOTSUP();
+}
+int dcomm__etcd_puts_if(struct dcomm_etcd *c, const char *key, int64_t mod_revision, const struct dcomm_etcd_put *puts,
+                        size_t n, int *done) {
+  (void)c, (void)key, (void)mod_revision, (void)puts, (void)n, (void)done;
   return NOTSUP();
 }
 int dcomm__etcd_delete_prefix_if(struct dcomm_etcd *c, const char *prefix, const char *key, int64_t mod_revision,

@@ -88,6 +88,16 @@ int dcomm__etcd_cas(struct dcomm_etcd *c, const char *key, int64_t mod_revision,
 int dcomm__etcd_cas_value(struct dcomm_etcd *c, const char *key, const void *expected, size_t elen, const void *val,
                           size_t len, int *done, struct dcomm_etcd_kv *current);
 
+/* Writes every put (one transaction) only if key's mod_revision equals
+ * mod_revision (0: key absent); *done says whether it did. */
+struct dcomm_etcd_put {
+  const char *key;
+  const void *val;
+  size_t len;
+  int64_t lease; /* 0: none */
+};
+int dcomm__etcd_puts_if(struct dcomm_etcd *c, const char *key, int64_t mod_revision, const struct dcomm_etcd_put *puts,
+                        size_t n, int *done);
 /* Deletes every key starting with prefix only if key's mod_revision
  * equals mod_revision (0: key absent). */
 int dcomm__etcd_delete_prefix_if(struct dcomm_etcd *c, const char *prefix, const char *key, int64_t mod_revision,

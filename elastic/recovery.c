@@ -207,14 +207,15 @@ static int lead_round(struct dcomm_store *s, long gen) {
   free(js);
   void *cur = NULL;
   size_t clen = 0;
+  char g[32];
+  int gl = snprintf(g, sizeof(g), "%ld", gen);
+  /* Before the plan: a member reads it as soon as it has its rank. */
+  int rc = first ? dcomm__store_set(s, "elastic/first", g, (size_t)gl + 1) : 0;
   snprintf(key, sizeof(key), "elastic/plan/%ld", gen);
-  int rc = dcomm__store_compare_set(s, key, NULL, 0, plan, off + 1, &cur, &clen);
+  if (rc == 0) rc = dcomm__store_compare_set(s, key, NULL, 0, plan, off + 1, &cur, &clen);
   free(cur);
   free(plan);
   if (rc < 0) return rc;
-  char g[32];
-  int gl = snprintf(g, sizeof(g), "%ld", gen);
-  if (first) DCOMM_CHECK(dcomm__store_set(s, "elastic/first", g, (size_t)gl + 1));
   return dcomm__store_set(s, "elastic/gen", g, (size_t)gl + 1);
 }
 

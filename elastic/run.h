@@ -100,8 +100,12 @@ int run_rdzv_open(const struct run_opts *o, struct run_rdzv **out, struct dcomm_
                   int *slot);
 /* Writes this node's record: live workers, nproc, host, pid. */
 int run_rdzv_update(struct run_rdzv *r, int live);
-/* 1 when this node is out of the job (its lease is gone); why says so. */
+/* 1 when this node is out of the job (its lease is gone); why (may be
+ * NULL) says so. */
 int run_rdzv_lost(struct run_rdzv *r, char *why, size_t n);
+/* 1 while etcd answers the lease renewals: only then can a missing worker
+ * heartbeat be told from a missing etcd. */
+int run_rdzv_healthy(struct run_rdzv *r);
 /* Stops the threads; clean: marks the node as left (not failed); revokes
  * the lease. NULL is fine. */
 void run_rdzv_close(struct run_rdzv *r, int clean);

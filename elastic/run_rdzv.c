@@ -39,7 +39,9 @@
 
 struct run_rdzv {
   const struct run_opts *o;
-  struct dcomm_etcd *kc, *wc; /* keepalive/record client; watch client */
+  struct dcomm_etcd *kc, *wc; /* record client; watch client */
+  struct dcomm_etcd *lc;      /* keepalive client: short timeouts */
+  int healthy;                /* the last keepalive was answered */
   struct dcomm_store *wst;    /* the watch thread's store (revoke notices) */
   char ns[300];               /* "/dcomm/<job>/" */
   int slot;
@@ -84,7 +86,8 @@ static void *keepalive_main(void *arg) {
     while (dcomm__now() < next && !__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE)) sleep_s(0.05);
     if (__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE)) break;
     int64_t left = 0;
-    int rc = dcomm__etcd_lease_keepalive(r->kc, r->lease, &left);
+    int rc = dcomm__etcd_lease_keepalive(r->lc, r->lease, &left);
+    __atomic_store_n(&r->healthy, rc == 0 && left > 0, __ATOMIC_RELEASE);
     if (rc == 0 && left > 0) {
       last_ok = dcomm__now();
     } else if (rc == DCOMM_ENOTFOUND || (rc == 0 && left <= 0)) {
@@ -191,23 +194,25 @@ static int etcd_opts_from_params(struct dcomm_etcd_opts *eo, double timeout) {
 }
 
 /* The earlier job with this id is over (no agent alive): its keys go, in
- * a transaction on the slot counter, so that an agent registering at the
- * same time is never wiped. */
+ * a transaction on the slot counter. The counter is read before the
+ * records and registration bumps it together with its record (register),
+ * so an agent that registers meanwhile either shows up in the range or
+ * makes the transaction fail: it is never wiped. */
 static int clear_stale(struct run_rdzv *r) {
+  char prefix[400], nkey[400];
+  snprintf(prefix, sizeof(prefix), "%srdzv/agent/", r->ns);
+  snprintf(nkey, sizeof(nkey), "%srdzv/agents/n", r->ns);
   for (int tries = 0; tries < 8; tries++) {
-    char prefix[400], nkey[400];
-    snprintf(prefix, sizeof(prefix), "%srdzv/agent/", r->ns);
-    snprintf(nkey, sizeof(nkey), "%srdzv/agents/n", r->ns);
     struct dcomm_etcd_kv *kvs = NULL, kv;
     size_t n = 0;
-    DCOMM_CHECK(dcomm__etcd_range_prefix(r->kc, prefix, &kvs, &n, NULL));
-    dcomm__etcd_kvs_free(kvs, n);
-    if (n > 0) return 0; /* a live job: join it */
     int rc = dcomm__etcd_get(r->kc, nkey, -1, &kv, NULL);
     if (rc == DCOMM_ENOTFOUND) return 0; /* nothing there */
     if (rc < 0) return rc;
     int64_t mod = kv.mod_revision;
     dcomm__etcd_kv_clear(&kv);
+    DCOMM_CHECK(dcomm__etcd_range_prefix(r->kc, prefix, &kvs, &n, NULL));
+    dcomm__etcd_kvs_free(kvs, n);
+    if (n > 0) return 0; /* a live job: join it */
     int done = 0;
     DCOMM_CHECK(dcomm__etcd_delete_prefix_if(r->kc, r->ns, nkey, mod, &done));
     if (done) {
@@ -216,6 +221,40 @@ static int clear_stale(struct run_rdzv *r) {
     }
   }
   return dcomm__err(DCOMM_EBACKEND, "etcd rendezvous: the job's keys keep changing while no agent is registered");
+}
+
+static int record_text(const struct run_rdzv *r, int live, char *val, size_t n) {
+  return snprintf(val, n, "%d %d %s %d", live, r->o->nproc, r->host, (int)getpid());
+}
+
+/* Takes the next node slot and writes its record under the lease, in one
+ * transaction. */
+static int take_slot(struct run_rdzv *r) {
+  char nkey[400], rkey[400], num[32], val[256];
+  snprintf(nkey, sizeof(nkey), "%srdzv/agents/n", r->ns);
+  for (int tries = 0; tries < 64; tries++) {
+    struct dcomm_etcd_kv kv;
+    int64_t mod = 0, cur = 0;
+    int rc = dcomm__etcd_get(r->kc, nkey, -1, &kv, NULL);
+    if (rc == 0) {
+      mod = kv.mod_revision;
+      cur = strtoll(kv.val, NULL, 10);
+      dcomm__etcd_kv_clear(&kv);
+    } else if (rc != DCOMM_ENOTFOUND) {
+      return rc;
+    }
+    int nl = snprintf(num, sizeof(num), "%lld", (long long)(cur + 1));
+    key_of(r, rkey, sizeof(rkey), "rdzv/agent/%ld", (long)(cur + 1));
+    int vl = record_text(r, r->o->nproc, val, sizeof(val)); /* its workers start at once */
+    struct dcomm_etcd_put puts[2] = {{nkey, num, (size_t)nl, 0}, {rkey, val, (size_t)vl, r->lease}};
+    int done = 0;
+    DCOMM_CHECK(dcomm__etcd_puts_if(r->kc, nkey, mod, puts, 2, &done));
+    if (done) {
+      r->slot = (int)(cur + 1);
+      return 0;
+    }
+  }
+  return dcomm__err(DCOMM_EBACKEND, "etcd rendezvous: could not take a node slot (too much contention)");
 }
 
 /* Takes the value of key if present, else creates it with val. */
@@ -234,8 +273,9 @@ static int agree(struct run_rdzv *r, const char *what, const char *key, const ch
 int run_rdzv_update(struct run_rdzv *r, int live) {
   char key[400], val[256];
   key_of(r, key, sizeof(key), "rdzv/agent/%ld", r->slot);
-  int n = snprintf(val, sizeof(val), "%d %d %s %d", live, r->o->nproc, r->host, (int)getpid());
-  return dcomm__etcd_put(r->kc, key, val, (size_t)n, r->lease, NULL);
+  int n = record_text(r, live, val, sizeof(val));
+  if (run_rdzv_lost(r, NULL, 0)) return 0;
+  return dcomm__etcd_put(r->lc, key, val, (size_t)n, r->lease, NULL);
 }
 
 static int do_open(struct run_rdzv *r, struct dcomm_store **st, char token[33], int *slot) {
@@ -245,9 +285,23 @@ static int do_open(struct run_rdzv *r, struct dcomm_store **st, char token[33], 
   etcd_opts_from_params(&eo, timeout);
   DCOMM_CHECK(dcomm__etcd_create(o->endpoints, &eo, &r->kc));
   DCOMM_CHECK(dcomm__etcd_create(o->endpoints, &eo, &r->wc));
+  int64_t ttl = dcomm__param_int(DCOMM_P_RDZV_TTL);
+  if (ttl < 2) ttl = 2;
+  /* A renewal must give up well inside the TTL, or a lost lease would be
+   * noticed late; and so must the agent's own store calls. */
+  double quick = (double)ttl / 3.0;
+  struct dcomm_etcd_opts lo = eo;
+  lo.timeout = quick;
+  DCOMM_CHECK(dcomm__etcd_create(o->endpoints, &lo, &r->lc));
   DCOMM_CHECK(clear_stale(r));
+  DCOMM_CHECK(dcomm__etcd_lease_grant(r->kc, ttl, &r->lease, &r->ttl));
+  if (r->ttl <= 0) r->ttl = ttl;
+  r->healthy = 1;
+  /* Registered first: from here on, nobody takes the job for a dead one. */
+  DCOMM_CHECK(take_slot(r));
+  *slot = r->slot;
   /* The job's token, made by the first agent (etcd's own access control
-   * guards it). */
+   * guards it), and its node range. */
   unsigned char rb[16];
   char mine[33], cfg[64], want[64];
   if (RAND_bytes(rb, sizeof(rb)) != 1) return dcomm__err(DCOMM_ESYSTEM, "RAND_bytes failed");
@@ -261,18 +315,10 @@ static int do_open(struct run_rdzv *r, struct dcomm_store **st, char token[33], 
     return dcomm__err(DCOMM_EINVAL, "job '%s' runs with --nnodes %d:%d; this agent was given %d:%d", o->job_id, a, b,
                       o->min_nodes, o->max_nodes);
   }
-  int64_t ttl = dcomm__param_int(DCOMM_P_RDZV_TTL);
-  if (ttl < 2) ttl = 2;
-  DCOMM_CHECK(dcomm__etcd_lease_grant(r->kc, ttl, &r->lease, &r->ttl));
-  if (r->ttl <= 0) r->ttl = ttl;
-  DCOMM_CHECK(dcomm__store_etcd_open(o->endpoints, o->job_id, timeout, st));
+  DCOMM_CHECK(dcomm__store_etcd_open(o->endpoints, o->job_id, (double)ttl, st));
   DCOMM_CHECK(dcomm__store_set_prefix(*st, ""));
   DCOMM_CHECK(dcomm__store_etcd_open(o->endpoints, o->job_id, timeout, &r->wst));
   DCOMM_CHECK(dcomm__store_set_prefix(r->wst, ""));
-  int64_t s = 0;
-  DCOMM_CHECK(dcomm__store_add(*st, "rdzv/agents/n", 1, &s));
-  r->slot = (int)s;
-  *slot = r->slot;
   /* Watch from the registration on: a node that dies from now is seen. */
   struct dcomm_etcd_kv *kvs = NULL;
   size_t n = 0;
@@ -280,7 +326,6 @@ static int do_open(struct run_rdzv *r, struct dcomm_store **st, char token[33], 
   snprintf(prefix, sizeof(prefix), "%srdzv/agent/", r->ns);
   DCOMM_CHECK(dcomm__etcd_range_prefix(r->kc, prefix, &kvs, &n, &r->watch_rev));
   dcomm__etcd_kvs_free(kvs, n);
-  DCOMM_CHECK(run_rdzv_update(r, 0));
   if (pthread_create(&r->ka, NULL, keepalive_main, r) != 0)
     return dcomm__err(DCOMM_ESYSTEM, "cannot start the lease keepalive thread");
   r->ka_running = 1;
@@ -317,12 +362,14 @@ int run_rdzv_open(const struct run_opts *o, struct run_rdzv **out, struct dcomm_
 int run_rdzv_lost(struct run_rdzv *r, char *why, size_t n) {
   pthread_mutex_lock(&r->lock);
   int lost = r->lost;
-  if (lost) snprintf(why, n, "%s", r->lost_why);
+  if (lost && why) snprintf(why, n, "%s", r->lost_why);
   pthread_mutex_unlock(&r->lock);
   return lost;
 }
 
-int run_rdzv_slot(const struct run_rdzv *r) { return r->slot; }
+int run_rdzv_healthy(struct run_rdzv *r) {
+  return __atomic_load_n(&r->healthy, __ATOMIC_ACQUIRE) && !run_rdzv_lost(r, NULL, 0);
+}
 
 void run_rdzv_close(struct run_rdzv *r, int clean) {
   if (!r) return;
@@ -341,6 +388,7 @@ void run_rdzv_close(struct run_rdzv *r, int clean) {
   if (r->kc && r->lease) dcomm__etcd_lease_revoke(r->kc, r->lease);
   if (r->wst) dcomm__store_close(r->wst);
   dcomm__etcd_destroy(r->wc);
+  dcomm__etcd_destroy(r->lc);
   dcomm__etcd_destroy(r->kc);
   pthread_mutex_destroy(&r->lock);
   free(r);
