@@ -32,6 +32,21 @@ static void abort_generation(struct dcomm_world *w, long gen, const char *why) {
   pthread_mutex_unlock(&w->lock);
 }
 
+/* The launcher's PMIx server said a process is gone: revoke the
+ * generation (create-only: the first notice stays). */
+static void post_lost_hint(struct dcomm_world *w, long gen) {
+  int r = __atomic_load_n(&w->lost_hint, __ATOMIC_RELAXED) - 1;
+  char key[64], why[96];
+  snprintf(key, sizeof(key), "elastic/revoke/%ld", gen);
+  if (r >= 0) snprintf(why, sizeof(why), "the PMIx server reports rank %d lost", r);
+  else snprintf(why, sizeof(why), "the PMIx server reports a lost process");
+  void *cur = NULL;
+  size_t clen = 0;
+  if (dcomm__store_compare_set(w->estore, key, NULL, 0, why, strlen(why) + 1, &cur, &clen) < 0)
+    DCOMM_LOG(WARN, ELASTIC, "cannot post the PMIx loss notice: %s", dcomm_last_error());
+  free(cur);
+}
+
 static void *watcher_main(void *arg) {
   struct dcomm_world *w = arg;
   double interval = dcomm__param_double(DCOMM_P_HEARTBEAT_INTERVAL);
@@ -47,6 +62,7 @@ static void *watcher_main(void *arg) {
       continue;
     }
     long gen = __atomic_load_n(&w->generation, __ATOMIC_ACQUIRE);
+    if (__atomic_exchange_n(&w->lost_hint_set, 0, __ATOMIC_ACQ_REL)) post_lost_hint(w, gen);
     if (gen == acted) {
       usleep((useconds_t)(interval * 1e6));
       continue;

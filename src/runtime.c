@@ -125,10 +125,14 @@ static int pmix_host_store(void *arg, char *host, size_t hostlen, int *port) {
 }
 
 /* Runs on PMIx's thread: must not block. Failures are detected by the
- * backend anyway; this only says early who is gone. */
+ * backend anyway; this says early who is gone: in elastic mode the watcher
+ * turns it into the revoke notice of the generation. */
 static void pmix_on_lost(int rank, void *arg) {
+  struct dcomm_world *w = arg;
   if (rank >= 0) DCOMM_LOG(WARN, PMIX, "the PMIx server reports rank %d lost", rank);
   else DCOMM_LOG(WARN, PMIX, "the PMIx server reports a lost process or connection");
+  __atomic_store_n(&w->lost_hint, rank + 1, __ATOMIC_RELAXED);
+  __atomic_store_n(&w->lost_hint_set, 1, __ATOMIC_RELEASE);
 }
 
 /* pmix://: identity from PMIx, rank 0's store address through the modex. */

@@ -49,6 +49,8 @@ struct dcomm_world {
   char member_id[40];
   char (*members)[40];        /* member id of every world rank */
   int joiner;                 /* entered after the job's first world */
+  int lost_hint;              /* PMIx said rank lost_hint-1 (or -1+1=0: someone) is gone; 0: none */
+  int lost_hint_set;          /* set by PMIx's thread, taken by the watcher */
   struct dcomm_store *estore; /* the watcher's own store link, no prefix */
   pthread_t watcher;
   int watcher_running, watcher_stop;

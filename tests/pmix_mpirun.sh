@@ -9,6 +9,7 @@
 # under mpirun --enable-recovery (Open MPI 4.1 needs no other flag; without
 # it mpirun aborts the job when a rank dies), one rank SIGKILLs itself: the
 # others shrink and finish with the failure-free loss, mpirun exits 0.
+# Last, a PMIx event alone (tests/pmix_event) must revoke the generation.
 # Builds nothing.
 # Environment: top_builddir (default .). Every run is bounded by timeout(1).
 # Exit status: 0 pass, 1 fail, 77 skip (no mpirun, no pmix_coll, no PMIx).
@@ -134,6 +135,32 @@ else
     result 0 "mpirun without --enable-recovery aborts the job when a rank dies (exit $rc)"
   else
     result 1 "mpirun without --enable-recovery aborts the job when a rank dies" "exit $rc"
+  fi
+fi
+
+# ---- a PMIx event alone revokes the generation ----
+# tests/pmix_event: rank 1 notifies "rank 2 aborted" through PMIx; nobody
+# dies, so only the event handler -> watcher -> revoke path can make every
+# rank's barrier fail. Open MPI 4.1.4 delivers the event to the notifying
+# process only and never completes that notification, so mpirun does not
+# end by itself: once the three lines are there it is stopped by its pid.
+EV=$B/tests/pmix_event
+if [ -x "$EV" ]; then
+  DCOMM_ELASTIC=1 DCOMM_LOG_LEVEL=warn timeout -k 2 60 mpirun --allow-run-as-root --oversubscribe -np 3 "$EV" \
+    >"$T/out" 2>"$T/err" </dev/null &
+  mp=$!
+  for _ in $(seq 1 300); do
+    [ "$(grep -c '^rank [0-9] revoked' "$T/out")" = 3 ] && break
+    sleep 0.1
+  done
+  n_rev=$(grep -c '^rank [0-9] revoked' "$T/out")
+  mpr=$(pgrep -P "$mp")
+  kill -9 $(for p in $mpr; do pgrep -P "$p"; done) $mpr "$mp" 2>/dev/null
+  wait "$mp" 2>/dev/null
+  if [ "$n_rev" = 3 ] && grep -q 'revoked (the PMIx server reports rank 2 lost)' "$T/err"; then
+    result 0 "a PMIx 'rank 2 aborted' event reaches the watcher: every rank's barrier returns DCOMM_EREVOKED"
+  else
+    result 1 "a PMIx event revokes the generation" "$n_rev of 3 ranks revoked; $(tail -n 3 "$T/err" | tr '\n' ' ')"
   fi
 fi
 

@@ -159,7 +159,7 @@ start_node 3 jobC 2:3 "$ep" "$work/2c" --sleep-ms 40; c=$node_pid
 for _ in $(seq 1 200); do grep -qs "step=20 " "$work/2a.out" "$work/2b.out" "$work/2c.out" && break; sleep 0.05; done
 t0=$(date +%s.%N)
 kill_node $c
-wait $a; ra=$?; wait $b; rb=$?; wait $c
+wait $a; ra=$?; wait $b; rb=$?; wait $c 2>/dev/null
 f=$(final "$work/2a.out")$(final "$work/2b.out")
 rec=$(cat "$work/2a.out" "$work/2b.out" | grep -o 'recovered: world 6 -> 4.*' | head -1)
 if [ $ra$rb = 00 ] && echo "$f" | grep -q "world=4 generation=2 " && same_loss "$(echo "$f" | sed 's/.*loss=//')" "$ref" &&
