@@ -48,6 +48,18 @@ static int tcp_init(const struct dcomm_host *host, void **out) {
     free(ctx);
     return host->err(DCOMM_EINVAL, "DCOMM_ALGO='%s' is not auto, ring or rd", algo);
   }
+  const char *tr = host->param("DCOMM_TRANSPORT");
+  if (tr && !strcmp(tr, "shm")) ctx->transport = TCP_TR_SHM;
+  else if (tr && !strcmp(tr, "tcp")) ctx->transport = TCP_TR_TCP;
+  else if (tr && *tr && strcmp(tr, "auto")) {
+    free(ctx);
+    return host->err(DCOMM_EINVAL, "DCOMM_TRANSPORT='%s' is not auto, shm or tcp", tr);
+  }
+  ctx->shm_ring = tcp_shm_ring_size(param_size(host, "DCOMM_SHM_RING_SIZE", 1048576));
+  const char *spin = host->param("DCOMM_SHM_SPIN");
+  ctx->shm_spin = (spin && *spin ? atof(spin) : 50) * 1e-6;
+  if (ctx->shm_spin < 0) ctx->shm_spin = 0;
+  tcp_host_id(ctx->host_id, sizeof(ctx->host_id));
   int rc = tcp_listen_and_publish(ctx);
   if (rc < 0) {
     if (ctx->lfd >= 0) close(ctx->lfd);
@@ -233,7 +245,7 @@ static int tcp_async_error(void *vc) {
 }
 
 static int tcp_describe(void *ctx, char *buf, size_t len) {
-  snprintf(buf, len, "tcp: sockets, ring / recursive doubling / trees, built in");
+  snprintf(buf, len, "tcp: sockets and shared memory, ring / recursive doubling / trees, built in");
   return 0;
 }
 
