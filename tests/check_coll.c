@@ -314,7 +314,24 @@ static int body_big_p2p(int rank, int n, void *arg) {
   return 0;
 }
 
-/* _i: 0 tcp, 1 shm (forced), each on 3 and 4 ranks. */
+/* reduce_scatter whose output is the rank's own block of its input. */
+static int body_rs_inplace(int rank, int n, void *arg) {
+  size_t count = 70001;
+  int32_t *buf = malloc(count * (size_t)n * sizeof(int32_t));
+  MP_REQUIRE(buf != NULL, "malloc");
+  for (size_t k = 0; k < count * (size_t)n; k++) buf[k] = (int32_t)(rank + 1) * (int32_t)(k % 1000);
+  int32_t *out = buf + (size_t)rank * count;
+  MP_OK(dcomm_reduce_scatter(buf, out, count, DCOMM_INT32, DCOMM_SUM, NULL));
+  for (size_t k = 0; k < count; k++) {
+    int32_t want = (int32_t)(n * (n + 1) / 2) * (int32_t)(((size_t)rank * count + k) % 1000);
+    MP_REQUIRE(out[k] == want, "element %zu is %d, want %d", k, out[k], want);
+  }
+  free(buf);
+  return 0;
+}
+
+/* _i / 2: 0 tcp, 1 shm (forced); _i % 2: 3 ranks, or 4 ranks with the
+ * pipelined broadcast forced even for tiny messages. */
 START_TEST(test_transport) {
   static const size_t counts[] = {0, 1, 37, 100003, (4u << 20) / 4 + 5};
   struct plan p = {counts, 5, 0};
@@ -322,12 +339,15 @@ START_TEST(test_transport) {
   setenv("DCOMM_TRANSPORT", tr, 1);
   setenv("DCOMM_SHM_RING_SIZE", "65536", 1); /* many wraps per message */
   int n = 3 + _i % 2;
+  if (n == 4) setenv("DCOMM_ALGO", "broadcast=pipeline", 1);
   int failed = mp_run(n, body_matrix, &p, 120);
   if (!failed) failed = mp_run(n, body_p2p, NULL, 60);
   if (!failed) failed = mp_run(n, body_big_p2p, NULL, 60);
   if (!failed) failed = mp_run(n, body_identical, NULL, 60);
+  if (!failed) failed = mp_run(n, body_rs_inplace, NULL, 60);
   unsetenv("DCOMM_TRANSPORT");
   unsetenv("DCOMM_SHM_RING_SIZE");
+  unsetenv("DCOMM_ALGO");
   ck_assert_msg(failed == 0, "DCOMM_TRANSPORT=%s on %d ranks: %d ranks failed", tr, n, failed);
 }
 END_TEST

@@ -58,6 +58,8 @@ struct tcp_hdr {
 struct tcp_uq;  /* a queued unexpected p2p message */
 struct tcp_shm; /* a shared-memory link (tcp_shm.c) */
 
+enum tcp_ar_algo { TCP_AR_AUTO = 0, TCP_AR_RING, TCP_AR_RD };
+enum tcp_bcast_algo { TCP_BCAST_AUTO = 0, TCP_BCAST_TREE, TCP_BCAST_PIPELINE };
 enum tcp_transport { TCP_TR_AUTO = 0, TCP_TR_SHM, TCP_TR_TCP };
 #define TCP_HOST_ID_LEN 112
 
@@ -99,7 +101,8 @@ struct tcp_ctx {
   int nparked, cparked;
   size_t chunk, small, bufsize;
   int check_mismatch;
-  int algo; /* 0 auto, 1 ring, 2 recursive doubling */
+  int algo;       /* all_reduce: enum tcp_ar_algo */
+  int bcast_algo; /* broadcast: enum tcp_bcast_algo */
   int transport;    /* enum tcp_transport */
   size_t shm_ring;  /* bytes per direction of a shm link */
   double shm_spin;  /* seconds to poll rings before sleeping */
