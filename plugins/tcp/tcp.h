@@ -126,6 +126,7 @@ struct tcp_comm {
   void *tmp;           /* scratch for algorithms */
   char *recv_mark;     /* size entries: peers with a pending receive (engine) */
   int nshm;            /* links in shared memory */
+  int shm_yield;       /* more members on this host than processors */
   size_t tmp_cap;
   /* request queue (tcp_backend.c) */
   pthread_mutex_t qlock;
@@ -162,6 +163,9 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
 /* Breaks the comm with err and msg (first error wins), tells the peers. */
 int tcp_fail(struct tcp_comm *c, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int tcp_p2p_send(struct tcp_comm *c, const struct dcomm_coll_args *a);
+/* Whether a send of len bytes to peer completes without the peer's help
+ * (a shared-memory link with that much room). */
+int tcp_sends_now(struct tcp_comm *c, int peer, size_t len);
 int tcp_p2p_recv(struct tcp_comm *c, const struct dcomm_coll_args *a);
 void tcp_peer_free_queue(struct tcp_peer *p);
 /* Clean goodbye on every link (BYE + shutdown + drain); then close. */
@@ -179,6 +183,8 @@ void tcp_shm_free(struct tcp_shm *s);
 /* Producer: 1/0 header slot written or no room; bytes written. */
 int tcp_shm_put_hdr(struct tcp_shm *s, const struct tcp_hdr *h);
 size_t tcp_shm_put(struct tcp_shm *s, const void *src, size_t len);
+/* Whether a whole frame of len payload bytes fits in the ring right now. */
+int tcp_shm_fits(struct tcp_shm *s, size_t len);
 /* Consumer: 1/0 header read or none yet; contiguous readable bytes at *p
  * (then consume); copy out. */
 int tcp_shm_get_hdr(struct tcp_shm *s, struct tcp_hdr *h);

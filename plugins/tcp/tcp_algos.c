@@ -86,6 +86,13 @@ static int allreduce_rd(struct tcp_comm *c, const struct dcomm_coll_args *a) {
     for (int mask = 1; mask < p; mask <<= 1) {
       int vpeer = vr ^ mask;
       int peer = vpeer < rem ? vpeer * 2 + 1 : vpeer + rem;
+      if (tcp_sends_now(c, peer, len)) {
+        /* The whole buffer is in the ring before anything arrives in it:
+         * reduce the partner's data straight from the ring. */
+        TCP_CHECK(send1(c, a, peer, buf, len));
+        TCP_CHECK(recv1(c, a, peer, buf, len, 1));
+        continue;
+      }
       TCP_CHECK(exchange(c, a, peer, buf, len, peer, tmp, len, 0));
       /* Every op is commutative, so both partners compute the same bits. */
       h->reduce(buf, tmp, a->count, a->dtype, a->op);

@@ -504,13 +504,23 @@ static int step_op(struct tcp_comm *c, struct tcp_xop *op, const struct dcomm_co
   return op->done != before || op->hdr_ok != hdr;
 }
 
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
 /* Polls the rings of the pending shared-memory ops, without system calls,
  * until they stall for DCOMM_SHM_SPIN (1: time to sleep) or for at most
- * 2 ms while they still move (0: look at the sockets, do not sleep). */
+ * 2 ms while they still move (0: look at the sockets, do not sleep). With
+ * more members on this host than processors, a rank that waits yields
+ * between looks so that the one it waits for can run. */
 static int spin_rings(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_coll_args *a, int *left) {
   const struct dcomm_host *h = c->ctx->host;
   double t0 = h->now(), last = t0;
-  for (;;) {
+  for (unsigned idle = 0;;) {
     int moved = 0, any = 0;
     for (int i = 0; i < n; i++) {
       if (ops[i].complete || !c->peers[ops[i].peer].shm) continue;
@@ -520,12 +530,16 @@ static int spin_rings(struct tcp_comm *c, struct tcp_xop *ops, int n, const stru
       moved |= rc;
     }
     if (!any || !*left || atomic_load_explicit(&c->error, memory_order_relaxed)) return 1;
+    idle = moved ? 0 : idle + 1;
+    if (!c->shm_yield && idle % 32) { /* read the clock now and then only */
+      cpu_relax();
+      continue;
+    }
     double t = h->now();
     if (moved) last = t;
     else if (t - last >= c->ctx->shm_spin) return 1;
     if (t - t0 > 0.002) return 0;
-    /* More ranks than cores: let the peer we wait for run. */
-    if (!moved) sched_yield();
+    if (!moved && c->shm_yield) sched_yield();
   }
 }
 
@@ -629,6 +643,11 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
     }
   }
   return 0;
+}
+
+int tcp_sends_now(struct tcp_comm *c, int peer, size_t len) {
+  struct tcp_peer *p = &c->peers[peer];
+  return p->shm && !p->closed && tcp_shm_fits(p->shm, len);
 }
 
 int tcp_p2p_send(struct tcp_comm *c, const struct dcomm_coll_args *a) {

@@ -218,6 +218,11 @@ size_t tcp_shm_put(struct tcp_shm *s, const void *src, size_t len) {
   return n;
 }
 
+int tcp_shm_fits(struct tcp_shm *s, size_t len) {
+  uint64_t used = atomic_load_explicit(&s->tx->tail, memory_order_relaxed) - atomic_load_explicit(&s->tx->head, memory_order_acquire);
+  return s->size - (size_t)used >= len + 2 * SLOT;
+}
+
 int tcp_shm_get_hdr(struct tcp_shm *s, struct tcp_hdr *h) {
   uint64_t head = atomic_load_explicit(&s->rx->head, memory_order_relaxed);
   uint64_t tail = atomic_load_explicit(&s->rx->tail, memory_order_acquire);
