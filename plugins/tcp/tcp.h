@@ -126,7 +126,6 @@ struct tcp_comm {
   void *tmp;           /* scratch for algorithms */
   char *recv_mark;     /* size entries: peers with a pending receive (engine) */
   int nshm;            /* links in shared memory */
-  int shm_yield;       /* more members on this host than processors */
   size_t tmp_cap;
   /* request queue (tcp_backend.c) */
   pthread_mutex_t qlock;

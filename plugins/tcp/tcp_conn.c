@@ -311,8 +311,6 @@ int tcp_connect_mesh(struct tcp_ctx *ctx, struct tcp_comm *c, double deadline) {
                     c->label, j, c->world_ranks[j]);
   }
   c->nshm = nshm;
-  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  c->shm_yield = nshm + 1 > (ncpu > 0 ? ncpu : 1);
   TCP_LOG(ctx, INFO, "tcp %s: %d of %d links in shared memory (DCOMM_TRANSPORT=%s)", c->label, nshm, c->size - 1,
           transport_names[ctx->transport]);
   return 0;

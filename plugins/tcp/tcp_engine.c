@@ -504,23 +504,17 @@ static int step_op(struct tcp_comm *c, struct tcp_xop *op, const struct dcomm_co
   return op->done != before || op->hdr_ok != hdr;
 }
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
-/* Polls the rings of the pending shared-memory ops, without system calls,
- * until they stall for DCOMM_SHM_SPIN (1: time to sleep) or for at most
- * 2 ms while they still move (0: look at the sockets, do not sleep). With
- * more members on this host than processors, a rank that waits yields
- * between looks so that the one it waits for can run. */
+/* Polls the rings of the pending shared-memory ops, without system calls
+ * but sched_yield, until they stall for DCOMM_SHM_SPIN (1: time to sleep)
+ * or for at most 2 ms while they still move (0: look at the sockets, do
+ * not sleep). A rank that finds nothing yields, so that the rank it waits
+ * for runs even when there are more ranks (or other processes) than
+ * processors; spinning with pause alone was slower at 4 ranks on 2 cores
+ * and collapsed when another process took one of the cores. */
 static int spin_rings(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_coll_args *a, int *left) {
   const struct dcomm_host *h = c->ctx->host;
   double t0 = h->now(), last = t0;
-  for (unsigned idle = 0;;) {
+  for (;;) {
     int moved = 0, any = 0;
     for (int i = 0; i < n; i++) {
       if (ops[i].complete || !c->peers[ops[i].peer].shm) continue;
@@ -530,16 +524,11 @@ static int spin_rings(struct tcp_comm *c, struct tcp_xop *ops, int n, const stru
       moved |= rc;
     }
     if (!any || !*left || atomic_load_explicit(&c->error, memory_order_relaxed)) return 1;
-    idle = moved ? 0 : idle + 1;
-    if (!c->shm_yield && idle % 32) { /* read the clock now and then only */
-      cpu_relax();
-      continue;
-    }
     double t = h->now();
     if (moved) last = t;
     else if (t - last >= c->ctx->shm_spin) return 1;
     if (t - t0 > 0.002) return 0;
-    if (!moved && c->shm_yield) sched_yield();
+    if (!moved) sched_yield();
   }
 }
 
