@@ -504,8 +504,8 @@ static int step_op(struct tcp_comm *c, struct tcp_xop *op, const struct dcomm_co
   return op->done != before || op->hdr_ok != hdr;
 }
 
-/* Polls the rings of the pending shared-memory ops, without system calls
- * but sched_yield, until they stall for DCOMM_SHM_SPIN (1: time to sleep)
+/* Polls the rings of the pending shared-memory ops (no system call but
+ * sched_yield) until they stall for DCOMM_SHM_SPIN (1: time to sleep)
  * or for at most 2 ms while they still move (0: look at the sockets, do
  * not sleep). A rank that finds nothing yields, so that the rank it waits
  * for runs even when there are more ranks (or other processes) than
