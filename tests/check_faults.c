@@ -8,12 +8,14 @@
  * fail locally with DCOMM_EINVAL. The kill and abort cases run again with
  * each transport of the tcp backend forced (shared memory, the default on
  * one host, and TCP), a sender killed in the middle of a message larger
- * than the ring leaves its receiver with DCOMM_EPEERLOST, and
+ * than the ring leaves its receiver with DCOMM_EPEERLOST (and nothing in
+ * /dev/shm), and
  * DCOMM_TRANSPORT=shm fails clearly where shared memory cannot be used.
  */
 #include "config.h"
 
 #include <check.h>
+#include <dirent.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -309,8 +311,21 @@ static int body_kill_sender(int rank, int n, void *arg) {
   return 0;
 }
 
+/* Entries of /dev/shm whose name mentions dcomm (other programs may use
+ * /dev/shm meanwhile; the shared-memory links must never leave anything). */
+static int dcomm_shm_files(void) {
+  DIR *d = opendir("/dev/shm");
+  int n = 0;
+  if (!d) return 0;
+  for (struct dirent *e; (e = readdir(d));)
+    if (strstr(e->d_name, "dcomm")) n++;
+  closedir(d);
+  return n;
+}
+
 START_TEST(test_kill_sender_shm) {
   struct mp_result res;
+  int before = dcomm_shm_files();
   setenv("DCOMM_TRANSPORT", "shm", 1);
   setenv("DCOMM_SHM_RING_SIZE", "65536", 1);
   setenv("DCOMM_TIMEOUT", "60", 1);
@@ -321,6 +336,7 @@ START_TEST(test_kill_sender_shm) {
   ck_assert_int_eq(res.timed_out, 0);
   ck_assert_int_eq(res.exit_code[1], 128 + SIGKILL);
   ck_assert_msg(res.exit_code[0] == 0, "receiver exited %d", res.exit_code[0]);
+  ck_assert_msg(dcomm_shm_files() <= before, "the killed rank left files in /dev/shm");
 }
 END_TEST
 
