@@ -406,7 +406,14 @@ int main(int argc, char **argv) {
   dcomm_dtype_t dt = dtypes[o.dti].dt;
   size_t es = dcomm_dtype_size(dt);
 
+  /* Wall-clock (one clock for every rank of a host) around dcomm_init. */
+  struct timespec t_in, t_out;
+  clock_gettime(CLOCK_REALTIME, &t_in);
   CHECK(dcomm_init(NULL, NULL));
+  clock_gettime(CLOCK_REALTIME, &t_out);
+  double t_enter = (double)t_in.tv_sec + t_in.tv_nsec * 1e-9, t_exit = (double)t_out.tv_sec + t_out.tv_nsec * 1e-9;
+  double init_t[3] = {t_exit - t_enter, -t_enter, t_exit}; /* max of each: slowest, first entry, last exit */
+  CHECK(dcomm_all_reduce(init_t, 3, DCOMM_FLOAT64, DCOMM_MAX, NULL));
   int wrank = dcomm_rank(), wsize = dcomm_world_size();
   int G = o.group ? (int)o.group : wsize;
   if (G > wsize || wsize % G) {
@@ -446,13 +453,16 @@ int main(int argc, char **argv) {
   }
 
   if (wrank == 0) {
-    const char *algo = getenv("DCOMM_ALGO"), *thr = getenv("DCOMM_TCP_SMALL_THRESHOLD");
+    const char *algo = getenv("DCOMM_ALGO"), *thr = getenv("DCOMM_TCP_SMALL_THRESHOLD"), *tr = getenv("DCOMM_TRANSPORT");
     printf("# dcomm-bench (dcomm %s, backend %s)\n", dcomm_version_string(), dcomm_backend_name());
     printf("# op %s  dtype %s  redop %s  world size %d  group size %d (%d group%s)  iters %ld  warmup %ld  check %ld\n",
            op_names[o.op], dtypes[o.dti].name, (o.op == OP_ALL_REDUCE || o.op == OP_REDUCE_SCATTER) ? "sum" : "none",
            wsize, x.gsize, wsize / x.gsize, wsize / x.gsize == 1 ? "" : "s", o.iters, o.warmup, o.check);
-    if ((algo && *algo) || (thr && *thr))
-      printf("# DCOMM_ALGO=%s DCOMM_TCP_SMALL_THRESHOLD=%s\n", algo ? algo : "", thr ? thr : "");
+    if ((algo && *algo) || (thr && *thr) || (tr && *tr))
+      printf("# DCOMM_ALGO=%s DCOMM_TCP_SMALL_THRESHOLD=%s DCOMM_TRANSPORT=%s\n", algo ? algo : "", thr ? thr : "",
+             tr ? tr : "");
+    printf("# dcomm_init: slowest rank %.1f ms; first call to last return %.1f ms\n", init_t[0] * 1e3,
+           (init_t[2] + init_t[1]) * 1e3);
     printf("#%11s %13s %9s %12s %11s %11s %7s\n", "size", "count", "type", "time_us", "algbw_GBps", "busbw_GBps",
            "errors");
     fflush(stdout);

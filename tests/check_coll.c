@@ -2,7 +2,10 @@
  * check_coll.c: every collective x every dtype x every op on world sizes
  * 1-5 (real processes on loopback), against a serial reference, with
  * counts 0, 1, odd, large enough for the ring, and >= 16 MiB; both
- * all_reduce algorithms forced; point-to-point with tags out of order.
+ * all_reduce algorithms forced; point-to-point with tags out of order;
+ * the matrix again with each transport of the tcp backend forced (shared
+ * memory is the default on one host), and a point-to-point message larger
+ * than a shared-memory ring sent to a rank busy in a barrier.
  */
 #include "config.h"
 
@@ -291,6 +294,64 @@ static int body_barrier(int rank, int n, void *arg) {
 START_TEST(test_barrier) { ck_assert_int_eq(mp_run(5, body_barrier, NULL, 60), 0); }
 END_TEST
 
+/* A send larger than the ring to a rank that first sits in a barrier: the
+ * barrier queues it instead of deadlocking (as the socket buffers do). */
+static int body_big_p2p(int rank, int n, void *arg) {
+  size_t count = 1u << 18; /* 1 MiB of int32, 16 rings of 64 KiB */
+  int32_t *buf = malloc(count * sizeof(int32_t));
+  MP_REQUIRE(buf != NULL, "malloc");
+  for (size_t i = 0; i < count; i++) buf[i] = rank == 0 ? (int32_t)(i * 3 + 1) : 0;
+  if (rank == 0) MP_OK(dcomm_send(buf, count, DCOMM_INT32, 1, 5, NULL));
+  MP_OK(dcomm_barrier(NULL));
+  if (rank == 1) {
+    MP_OK(dcomm_recv(buf, count, DCOMM_INT32, 0, 5, NULL));
+    for (size_t i = 0; i < count; i++) MP_REQUIRE(buf[i] == (int32_t)(i * 3 + 1), "element %zu is %d", i, buf[i]);
+  }
+  int32_t x = 1;
+  MP_OK(dcomm_all_reduce(&x, 1, DCOMM_INT32, DCOMM_SUM, NULL));
+  MP_REQUIRE(x == n, "sum %d", x);
+  free(buf);
+  return 0;
+}
+
+/* reduce_scatter whose output is the rank's own block of its input. */
+static int body_rs_inplace(int rank, int n, void *arg) {
+  size_t count = 70001;
+  int32_t *buf = malloc(count * (size_t)n * sizeof(int32_t));
+  MP_REQUIRE(buf != NULL, "malloc");
+  for (size_t k = 0; k < count * (size_t)n; k++) buf[k] = (int32_t)(rank + 1) * (int32_t)(k % 1000);
+  int32_t *out = buf + (size_t)rank * count;
+  MP_OK(dcomm_reduce_scatter(buf, out, count, DCOMM_INT32, DCOMM_SUM, NULL));
+  for (size_t k = 0; k < count; k++) {
+    int32_t want = (int32_t)(n * (n + 1) / 2) * (int32_t)(((size_t)rank * count + k) % 1000);
+    MP_REQUIRE(out[k] == want, "element %zu is %d, want %d", k, out[k], want);
+  }
+  free(buf);
+  return 0;
+}
+
+/* _i / 2: 0 tcp, 1 shm (forced); _i % 2: 3 ranks, or 4 ranks with the
+ * pipelined broadcast forced even for tiny messages. */
+START_TEST(test_transport) {
+  static const size_t counts[] = {0, 1, 37, 100003, (4u << 20) / 4 + 5};
+  struct plan p = {counts, 5, 0};
+  const char *tr = _i / 2 ? "shm" : "tcp";
+  setenv("DCOMM_TRANSPORT", tr, 1);
+  setenv("DCOMM_SHM_RING_SIZE", "65536", 1); /* many wraps per message */
+  int n = 3 + _i % 2;
+  if (n == 4) setenv("DCOMM_ALGO", "broadcast=pipeline", 1);
+  int failed = mp_run(n, body_matrix, &p, 120);
+  if (!failed) failed = mp_run(n, body_p2p, NULL, 60);
+  if (!failed) failed = mp_run(n, body_big_p2p, NULL, 60);
+  if (!failed) failed = mp_run(n, body_identical, NULL, 60);
+  if (!failed) failed = mp_run(n, body_rs_inplace, NULL, 60);
+  unsetenv("DCOMM_TRANSPORT");
+  unsetenv("DCOMM_SHM_RING_SIZE");
+  unsetenv("DCOMM_ALGO");
+  ck_assert_msg(failed == 0, "DCOMM_TRANSPORT=%s on %d ranks: %d ranks failed", tr, n, failed);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("coll");
   TCase *tc = tcase_create("matrix");
@@ -305,6 +366,7 @@ int main(void) {
   tcase_add_test(tc, test_identical);
   tcase_add_test(tc, test_p2p);
   tcase_add_test(tc, test_barrier);
+  tcase_add_loop_test(tc, test_transport, 0, 4);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

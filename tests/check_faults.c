@@ -5,16 +5,24 @@
  * seconds, not at the timeout; mismatched collectives give DCOMM_EMISMATCH
  * on every rank; a silent peer gives DCOMM_ETIMEDOUT at the group timeout;
  * comm_abort from another thread releases a blocked call; bad arguments
- * fail locally with DCOMM_EINVAL.
+ * fail locally with DCOMM_EINVAL. The kill and abort cases run again with
+ * each transport of the tcp backend forced (shared memory, the default on
+ * one host, and TCP), a sender killed in the middle of a message larger
+ * than the ring leaves its receiver with DCOMM_EPEERLOST (and nothing in
+ * /dev/shm), and
+ * DCOMM_TRANSPORT=shm fails clearly where shared memory cannot be used.
  */
 #include "config.h"
 
 #include <check.h>
+#include <dirent.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "dcomm.h"
@@ -272,6 +280,110 @@ START_TEST(test_not_initialized) {
 }
 END_TEST
 
+/* _i: 0 shm, 1 tcp; victim 1 of 4 in a 64 MiB all_reduce, then an abort. */
+START_TEST(test_kill_transport) {
+  const char *tr = _i ? "tcp" : "shm";
+  setenv("DCOMM_TRANSPORT", tr, 1);
+  run_kill(1);
+  int failed = mp_run(2, body_abort, NULL, 60);
+  unsetenv("DCOMM_TRANSPORT");
+  ck_assert_msg(failed == 0, "abort with DCOMM_TRANSPORT=%s: %d ranks failed", tr, failed);
+}
+END_TEST
+
+/* The sender dies while it writes a 64 MiB message into a 64 KiB ring:
+ * the receiver, blocked in the middle of the message, gets EPEERLOST. */
+static int body_kill_sender(int rank, int n, void *arg) {
+  size_t count = 16u << 20;
+  float *buf = calloc(count, sizeof(float));
+  MP_REQUIRE(buf != NULL, "calloc");
+  MP_OK(dcomm_barrier(NULL));
+  if (rank == 1) {
+    pthread_t t;
+    pthread_create(&t, NULL, killer, (void *)(intptr_t)20000);
+    for (;;) dcomm_send(buf, count, DCOMM_FLOAT32, 0, 1, NULL);
+  }
+  int rc = 0;
+  for (int it = 0; it < 1000 && rc == 0; it++) rc = dcomm_recv(buf, count, DCOMM_FLOAT32, 1, 1, NULL);
+  MP_REQUIRE(rc == DCOMM_EPEERLOST, "receiver got %s (%s), want DCOMM_EPEERLOST", dcomm_error_name(rc),
+             dcomm_last_error());
+  free(buf);
+  return 0;
+}
+
+/* Entries of /dev/shm whose name mentions dcomm (other programs may use
+ * /dev/shm meanwhile; the shared-memory links must never leave anything). */
+static int dcomm_shm_files(void) {
+  DIR *d = opendir("/dev/shm");
+  int n = 0;
+  if (!d) return 0;
+  for (struct dirent *e; (e = readdir(d));)
+    if (strstr(e->d_name, "dcomm")) n++;
+  closedir(d);
+  return n;
+}
+
+START_TEST(test_kill_sender_shm) {
+  struct mp_result res;
+  int before = dcomm_shm_files();
+  setenv("DCOMM_TRANSPORT", "shm", 1);
+  setenv("DCOMM_SHM_RING_SIZE", "65536", 1);
+  setenv("DCOMM_TIMEOUT", "60", 1);
+  mp_run_ex(2, body_kill_sender, NULL, 90, 0, &res);
+  unsetenv("DCOMM_TRANSPORT");
+  unsetenv("DCOMM_SHM_RING_SIZE");
+  unsetenv("DCOMM_TIMEOUT");
+  ck_assert_int_eq(res.timed_out, 0);
+  ck_assert_int_eq(res.exit_code[1], 128 + SIGKILL);
+  ck_assert_msg(res.exit_code[0] == 0, "receiver exited %d", res.exit_code[0]);
+  ck_assert_msg(dcomm_shm_files() <= before, "the killed rank left files in /dev/shm");
+}
+END_TEST
+
+/* DCOMM_TRANSPORT=shm where it cannot work. kind 0: the peer forces tcp;
+ * kind 1: rank 1 runs under another host name (a UTS namespace). */
+static int body_shm_refused(int rank, int n, void *arg) {
+  int kind = *(int *)arg;
+  setenv("DCOMM_TIMEOUT", "20", 1);
+  setenv("DCOMM_TRANSPORT", kind == 0 && rank == 1 ? "tcp" : "shm", 1);
+  if (kind == 1 && rank == 1) {
+    MP_REQUIRE(unshare(CLONE_NEWUTS) == 0, "unshare");
+    MP_REQUIRE(sethostname("dcomm-other-host", 16) == 0, "sethostname");
+  }
+  int rc = dcomm_init("tcp", getenv("DCOMM_TEST_URL"));
+  if (kind == 0 && rank == 1) {
+    /* Its own links are fine; it learns that rank 0 left. */
+    if (rc == 0) rc = dcomm_barrier(NULL);
+    MP_REQUIRE(rc == DCOMM_EPEERLOST, "the tcp rank got %s", dcomm_error_name(rc));
+    return 0;
+  }
+  MP_REQUIRE(rc == DCOMM_EINVAL, "got %s (%s), want DCOMM_EINVAL", dcomm_error_name(rc), dcomm_last_error());
+  const char *msg = dcomm_last_error();
+  MP_REQUIRE(strstr(msg, "DCOMM_TRANSPORT=shm"), "message does not name the setting: %s", msg);
+  if (kind == 1) MP_REQUIRE(strstr(msg, "another host"), "message does not say why: %s", msg);
+  return 0;
+}
+
+/* Whether this process may create a UTS namespace (root, or a user ns). */
+static int can_unshare_uts(void) {
+  pid_t p = fork();
+  if (p == 0) _exit(unshare(CLONE_NEWUTS) == 0 ? 0 : 1);
+  int st = 0;
+  waitpid(p, &st, 0);
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+START_TEST(test_shm_refused) {
+  struct mp_result res;
+  int kind = _i;
+  if (kind == 1 && !can_unshare_uts()) {
+    fprintf(stderr, "test_shm_refused: no UTS namespace here (not root); the other-host case is not run\n");
+    return;
+  }
+  ck_assert_int_eq(mp_run_ex(2, body_shm_refused, &kind, 60, 1, &res), 0);
+}
+END_TEST
+
 int main(void) {
   shared_kill_time = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   Suite *s = suite_create("faults");
@@ -287,6 +399,9 @@ int main(void) {
   tcase_add_test(tc, test_badargs);
   tcase_add_test(tc, test_stranger);
   tcase_add_test(tc, test_not_initialized);
+  tcase_add_loop_test(tc, test_kill_transport, 0, 2);
+  tcase_add_test(tc, test_kill_sender_shm);
+  tcase_add_loop_test(tc, test_shm_refused, 0, 2);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -5,7 +5,9 @@
  *   tcp_engine.c   the framed transfer engine: several sends and receives to
  *                  different peers progressed together under one poll(),
  *                  with deadline, abort, death and mismatch detection;
- *   tcp_algos.c    the collective algorithms written on the engine.
+ *   tcp_algos.c    the collective algorithms written on the engine;
+ *   tcp_shm.c      shared-memory rings for the links between members on
+ *                  one host (the socket stays as liveness/abort channel).
  * Only dcomm_plugin.h and dcomm.h are included from the core.
  */
 #ifndef DCOMM_TCP_H
@@ -36,7 +38,7 @@
     if (tcp__rc < 0) return tcp__rc;                                            \
   } while (0)
 
-enum tcp_frame_type { TCP_F_DATA = 1, TCP_F_P2P, TCP_F_ABORT, TCP_F_BYE };
+enum tcp_frame_type { TCP_F_DATA = 1, TCP_F_P2P, TCP_F_ABORT, TCP_F_BYE, TCP_F_WAKE };
 
 /* Every message starts with this header (host byte order: one cluster
  * shares one architecture). The signature fields let the receiver detect
@@ -53,7 +55,13 @@ struct tcp_hdr {
 #define TCP_MAGIC 0x44434652u /* "DCFR" */
 #define TCP_MAX_ABORT_MSG 512
 
-struct tcp_uq; /* a queued unexpected p2p message */
+struct tcp_uq;  /* a queued unexpected p2p message */
+struct tcp_shm; /* a shared-memory link (tcp_shm.c) */
+
+enum tcp_ar_algo { TCP_AR_AUTO = 0, TCP_AR_RING, TCP_AR_RD };
+enum tcp_bcast_algo { TCP_BCAST_AUTO = 0, TCP_BCAST_TREE, TCP_BCAST_PIPELINE };
+enum tcp_transport { TCP_TR_AUTO = 0, TCP_TR_SHM, TCP_TR_TCP };
+#define TCP_HOST_ID_LEN 112
 
 struct tcp_peer {
   int fd;
@@ -65,23 +73,39 @@ struct tcp_peer {
   size_t hgot;        /* bytes of hdr read so far */
   int have_hdr;       /* hdr complete and not yet consumed */
   struct tcp_uq *uq_head, *uq_tail;
+  /* Shared-memory link: frames go through its rings, the socket carries
+   * only ABORT/WAKE frames and the end of file (closed) of a dead peer. */
+  struct tcp_shm *shm;
+  struct tcp_hdr shdr; /* socket header being read on a shm link */
+  size_t sgot;
 };
 
 struct tcp_parked {
   int fd;
   uint64_t comm_id;
   uint32_t rank, size;
+  struct tcp_shm *shm;
+};
+
+struct tcp_addr {
+  char addr[80];              /* "ip:port" */
+  char host[TCP_HOST_ID_LEN]; /* host identity: boot id / host name */
 };
 
 struct tcp_ctx {
   const struct dcomm_host *host;
   int lfd, port;
-  char (*addrs)[80]; /* "ip:port" of every world rank, loaded once */
+  struct tcp_addr *addrs; /* of every world rank, loaded once */
+  char host_id[TCP_HOST_ID_LEN];
   struct tcp_parked *parked;
   int nparked, cparked;
   size_t chunk, small, bufsize;
   int check_mismatch;
-  int algo; /* 0 auto, 1 ring, 2 recursive doubling */
+  int algo;       /* all_reduce: enum tcp_ar_algo */
+  int bcast_algo; /* broadcast: enum tcp_bcast_algo */
+  int transport;    /* enum tcp_transport */
+  size_t shm_ring;  /* bytes per direction of a shm link */
+  double shm_spin;  /* seconds to poll rings before sleeping */
 };
 
 struct tcp_req;
@@ -101,6 +125,7 @@ struct tcp_comm {
   void *stage[2];      /* chunk-sized staging buffers for reduce receives */
   void *tmp;           /* scratch for algorithms */
   char *recv_mark;     /* size entries: peers with a pending receive (engine) */
+  int nshm;            /* links in shared memory */
   size_t tmp_cap;
   /* request queue (tcp_backend.c) */
   pthread_mutex_t qlock;
@@ -137,10 +162,38 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
 /* Breaks the comm with err and msg (first error wins), tells the peers. */
 int tcp_fail(struct tcp_comm *c, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int tcp_p2p_send(struct tcp_comm *c, const struct dcomm_coll_args *a);
+/* Whether a send of len bytes to peer completes without the peer's help
+ * (a shared-memory link with that much room). */
+int tcp_sends_now(struct tcp_comm *c, int peer, size_t len);
 int tcp_p2p_recv(struct tcp_comm *c, const struct dcomm_coll_args *a);
 void tcp_peer_free_queue(struct tcp_peer *p);
 /* Clean goodbye on every link (BYE + shutdown + drain); then close. */
 void tcp_close_links(struct tcp_comm *c);
+
+/* tcp_shm.c */
+void tcp_host_id(char *buf, size_t len);
+size_t tcp_shm_ring_size(size_t want); /* power of two, 64 KiB .. 256 MiB */
+/* The connector creates (side 0) and offers pid/memfd/nonce; the acceptor
+ * attaches (side 1). -1 with a reason in why on failure. */
+int tcp_shm_create(size_t ring, struct tcp_shm **out, int *memfd, uint64_t *nonce, char *why, size_t wl);
+int tcp_shm_attach(int pid, int fd, uint64_t nonce, size_t ring, struct tcp_shm **out, char *why, size_t wl);
+void tcp_shm_set_fd(struct tcp_shm *s, int fd);
+void tcp_shm_free(struct tcp_shm *s);
+/* Producer: 1/0 header slot written or no room; bytes written. */
+int tcp_shm_put_hdr(struct tcp_shm *s, const struct tcp_hdr *h);
+size_t tcp_shm_put(struct tcp_shm *s, const void *src, size_t len);
+/* Whether a whole frame of len payload bytes fits in the ring right now. */
+int tcp_shm_fits(struct tcp_shm *s, size_t len);
+/* Consumer: 1/0 header read or none yet; contiguous readable bytes at *p
+ * (then consume); copy out. */
+int tcp_shm_get_hdr(struct tcp_shm *s, struct tcp_hdr *h);
+size_t tcp_shm_peek(struct tcp_shm *s, const void **p);
+void tcp_shm_consume(struct tcp_shm *s, size_t n);
+size_t tcp_shm_get(struct tcp_shm *s, void *dst, size_t len);
+/* Before sleeping: raise the waiting flag; nonzero if there is already
+ * something to do (then do not sleep). */
+int tcp_shm_arm_rx(struct tcp_shm *s);
+int tcp_shm_arm_tx(struct tcp_shm *s);
 
 /* tcp_algos.c */
 int tcp_run_coll(struct tcp_comm *c, const struct dcomm_coll_args *a);

@@ -5,10 +5,13 @@
  *                   reduce-scatter + all-gather for large ones (bandwidth);
  *                   every rank ends with bit-identical results;
  *   reduce          binomial tree into the root (receives reduce in place);
- *   broadcast       binomial tree from the root;
- *   all_gather      ring; reduce_scatter: ring; gather / scatter / all_to_all:
- *                   direct exchanges progressed together; barrier:
- *                   dissemination.
+ *   broadcast       binomial tree from the root for small messages, a
+ *                   pipelined chain (segments of DCOMM_TCP_CHUNK_SIZE
+ *                   forwarded while the next one arrives) for large ones;
+ *   all_gather      ring; reduce_scatter: ring that reduces into two
+ *                   block-sized accumulators, never copying the whole input;
+ *   gather / scatter / all_to_all: direct exchanges progressed together;
+ *   barrier:        dissemination.
  */
 #include "config.h"
 #include "tcp.h"
@@ -83,6 +86,13 @@ static int allreduce_rd(struct tcp_comm *c, const struct dcomm_coll_args *a) {
     for (int mask = 1; mask < p; mask <<= 1) {
       int vpeer = vr ^ mask;
       int peer = vpeer < rem ? vpeer * 2 + 1 : vpeer + rem;
+      if (tcp_sends_now(c, peer, len)) {
+        /* The whole buffer is in the ring before anything arrives in it:
+         * reduce the partner's data straight from the ring. */
+        TCP_CHECK(send1(c, a, peer, buf, len));
+        TCP_CHECK(recv1(c, a, peer, buf, len, 1));
+        continue;
+      }
       TCP_CHECK(exchange(c, a, peer, buf, len, peer, tmp, len, 0));
       /* Every op is commutative, so both partners compute the same bits. */
       h->reduce(buf, tmp, a->count, a->dtype, a->op);
@@ -123,9 +133,9 @@ static int allreduce(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   size_t bytes = a->count * dcomm_dtype_size(a->dtype);
   if (c->size == 1) return 0;
   int algo = c->ctx->algo;
-  if (algo == 0) algo = (bytes <= c->ctx->small || a->count < (size_t)c->size) ? 2 : 1;
-  if (algo == 1 && a->count < (size_t)c->size) algo = 2;
-  return algo == 1 ? allreduce_ring(c, a) : allreduce_rd(c, a);
+  if (algo == TCP_AR_AUTO) algo = (bytes <= c->ctx->small || a->count < (size_t)c->size) ? TCP_AR_RD : TCP_AR_RING;
+  if (algo == TCP_AR_RING && a->count < (size_t)c->size) algo = TCP_AR_RD;
+  return algo == TCP_AR_RING ? allreduce_ring(c, a) : allreduce_rd(c, a);
 }
 
 /* Binomial tree on ranks relative to the root. */
@@ -169,6 +179,36 @@ static int bcast_tree(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   return k ? tcp_xfer(c, ops, k, a) : 0;
 }
 
+/* Chain root -> root+1 -> ...: at step t a rank receives segment t from
+ * its parent while it sends segment t-1 to its child. */
+static int bcast_pipeline(struct tcp_comm *c, const struct dcomm_coll_args *a) {
+  size_t len = a->count * dcomm_dtype_size(a->dtype), seg = c->ctx->chunk;
+  int n = c->size, vr = mod(c->rank - a->root, n);
+  int parent = vr > 0 ? mod(c->rank - 1, n) : -1, child = vr + 1 < n ? mod(c->rank + 1, n) : -1;
+  size_t nseg = (len + seg - 1) / seg;
+  char *buf = a->recvbuf;
+  for (size_t t = 0; t <= nseg; t++) {
+    struct tcp_xop ops[2];
+    int k = 0;
+    if (parent >= 0 && t < nseg)
+      ops[k++] = (struct tcp_xop){.peer = parent, .rbuf = buf + t * seg, .len = t + 1 < nseg ? seg : len - t * seg};
+    size_t st = parent >= 0 ? t - 1 : t; /* the root sends segment t at step t */
+    if (child >= 0 && (parent < 0 || t > 0) && st < nseg)
+      ops[k++] = (struct tcp_xop){.peer = child, .is_send = 1, .sbuf = buf + st * seg,
+                                  .len = st + 1 < nseg ? seg : len - st * seg};
+    if (k) TCP_CHECK(tcp_xfer(c, ops, k, a));
+  }
+  return 0;
+}
+
+static int broadcast(struct tcp_comm *c, const struct dcomm_coll_args *a) {
+  size_t len = a->count * dcomm_dtype_size(a->dtype);
+  if (c->size == 1) return 0;
+  int algo = c->ctx->bcast_algo;
+  if (algo == TCP_BCAST_AUTO) algo = c->size > 2 && len > c->ctx->small ? TCP_BCAST_PIPELINE : TCP_BCAST_TREE;
+  return algo == TCP_BCAST_PIPELINE && len > 0 ? bcast_pipeline(c, a) : bcast_tree(c, a);
+}
+
 /* Ring all-gather over blocks of blen bytes already placed at block r. */
 static int ring_gather_blocks(struct tcp_comm *c, const struct dcomm_coll_args *a, char *out, size_t blen) {
   int n = c->size, r = c->rank;
@@ -210,6 +250,13 @@ static int direct(struct tcp_comm *c, const struct dcomm_coll_args *a, int gathe
   return rc;
 }
 
+static int overlaps(const void *a, size_t al, const void *b, size_t bl) {
+  return (const char *)a < (const char *)b + bl && (const char *)b < (const char *)a + al;
+}
+
+/* Ring: at step s a rank sends the partial sum of block r-s-1 and reduces
+ * block r-s-2 into an accumulator preloaded with its own contribution;
+ * the last step reduces block r straight into recvbuf. */
 static int reduce_scatter(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   size_t es = dcomm_dtype_size(a->dtype), blen = a->count * es;
   int n = c->size, r = c->rank;
@@ -218,15 +265,26 @@ static int reduce_scatter(struct tcp_comm *c, const struct dcomm_coll_args *a) {
     return 0;
   }
   size_t total = blen * (size_t)n;
-  char *tmp = tcp_scratch(c, total ? total : 1);
-  if (!tmp) return oom(c);
-  memcpy(tmp, a->sendbuf, total);
+  const char *in = a->sendbuf;
+  char *tmp;
+  if (overlaps(a->recvbuf, blen, in, total)) { /* in place: work on a copy */
+    tmp = tcp_scratch(c, total + 2 * blen + 1);
+    if (!tmp) return oom(c);
+    memcpy(tmp + 2 * blen, in, total);
+    in = tmp + 2 * blen;
+  } else {
+    tmp = tcp_scratch(c, 2 * blen + 1);
+    if (!tmp) return oom(c);
+  }
+  const char *prev = NULL;
   for (int s = 0; s < n - 1; s++) {
     int sb = mod(r - s - 1, n), rb = mod(r - s - 2, n);
-    TCP_CHECK(exchange(c, a, mod(r + 1, n), tmp + (size_t)sb * blen, blen, mod(r - 1, n), tmp + (size_t)rb * blen,
-                       blen, 1));
+    const char *src = s == 0 ? in + (size_t)sb * blen : prev;
+    char *acc = s == n - 2 ? (char *)a->recvbuf : tmp + (size_t)(s % 2) * blen;
+    memcpy(acc, in + (size_t)rb * blen, blen);
+    TCP_CHECK(exchange(c, a, mod(r + 1, n), src, blen, mod(r - 1, n), acc, blen, 1));
+    prev = acc;
   }
-  memcpy(a->recvbuf, tmp + (size_t)r * blen, blen);
   finish_avg(c, a, a->recvbuf, a->count);
   return 0;
 }
@@ -258,7 +316,7 @@ int tcp_run_coll(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   switch (a->coll) {
     case DCOMM_COLL_ALL_REDUCE: return allreduce(c, a);
     case DCOMM_COLL_REDUCE: return c->size == 1 ? 0 : reduce_tree(c, a);
-    case DCOMM_COLL_BROADCAST: return c->size == 1 ? 0 : bcast_tree(c, a);
+    case DCOMM_COLL_BROADCAST: return broadcast(c, a);
     case DCOMM_COLL_ALL_GATHER: return all_gather(c, a);
     case DCOMM_COLL_GATHER: return direct(c, a, 1);
     case DCOMM_COLL_SCATTER: return direct(c, a, 0);

@@ -29,6 +29,39 @@ static size_t param_size(const struct dcomm_host *h, const char *name, size_t de
   return s && h->parse_size(s, &v) == 0 ? v : def;
 }
 
+/* Returns the index of word (length len) in names, or -1. */
+static int pick(const char *word, size_t len, const char *const *names, int n) {
+  for (int i = 0; i < n; i++)
+    if (strlen(names[i]) == len && !strncmp(word, names[i], len)) return i;
+  return -1;
+}
+
+/* DCOMM_ALGO: "auto", "ring" and "rd" name all_reduce algorithms;
+ * "all_reduce=..." and "broadcast=..." set one collective's. */
+static int parse_algo(struct tcp_ctx *ctx, const char *s) {
+  static const char *const ar[] = {"auto", "ring", "rd"}, *const bc[] = {"auto", "tree", "pipeline"};
+  while (*s) {
+    size_t len = strcspn(s, ",");
+    const char *eq = memchr(s, '=', len);
+    int v;
+    if (!eq) {
+      if ((v = pick(s, len, ar, 3)) < 0) return -1;
+      ctx->algo = v;
+    } else if ((size_t)(eq - s) == 10 && !strncmp(s, "all_reduce", 10)) {
+      if ((v = pick(eq + 1, len - 11, ar, 3)) < 0) return -1;
+      ctx->algo = v;
+    } else if ((size_t)(eq - s) == 9 && !strncmp(s, "broadcast", 9)) {
+      if ((v = pick(eq + 1, len - 10, bc, 3)) < 0) return -1;
+      ctx->bcast_algo = v;
+    } else {
+      return -1;
+    }
+    s += len;
+    if (*s == ',') s++;
+  }
+  return 0;
+}
+
 static int tcp_init(const struct dcomm_host *host, void **out) {
   struct tcp_ctx *ctx = calloc(1, sizeof(*ctx));
   if (!ctx) return host->err(DCOMM_ENOMEM, "tcp: out of memory");
@@ -42,12 +75,25 @@ static int tcp_init(const struct dcomm_host *host, void **out) {
   const char *cm = host->param("DCOMM_CHECK_MISMATCH");
   if (!cm || host->parse_bool(cm, &ctx->check_mismatch) != 0) ctx->check_mismatch = 1;
   const char *algo = host->param("DCOMM_ALGO");
-  if (algo && !strcmp(algo, "ring")) ctx->algo = 1;
-  else if (algo && !strcmp(algo, "rd")) ctx->algo = 2;
-  else if (algo && *algo && strcmp(algo, "auto")) {
+  if (algo && parse_algo(ctx, algo) < 0) {
     free(ctx);
-    return host->err(DCOMM_EINVAL, "DCOMM_ALGO='%s' is not auto, ring or rd", algo);
+    return host->err(DCOMM_EINVAL,
+                     "DCOMM_ALGO='%s' is not a comma-separated list of auto, ring, rd, all_reduce=auto|ring|rd, "
+                     "broadcast=auto|tree|pipeline",
+                     algo);
   }
+  const char *tr = host->param("DCOMM_TRANSPORT");
+  if (tr && !strcmp(tr, "shm")) ctx->transport = TCP_TR_SHM;
+  else if (tr && !strcmp(tr, "tcp")) ctx->transport = TCP_TR_TCP;
+  else if (tr && *tr && strcmp(tr, "auto")) {
+    free(ctx);
+    return host->err(DCOMM_EINVAL, "DCOMM_TRANSPORT='%s' is not auto, shm or tcp", tr);
+  }
+  ctx->shm_ring = tcp_shm_ring_size(param_size(host, "DCOMM_SHM_RING_SIZE", 1048576));
+  const char *spin = host->param("DCOMM_SHM_SPIN");
+  ctx->shm_spin = (spin && *spin ? strtol(spin, NULL, 10) : 50) * 1e-6;
+  if (ctx->shm_spin < 0) ctx->shm_spin = 0;
+  tcp_host_id(ctx->host_id, sizeof(ctx->host_id));
   int rc = tcp_listen_and_publish(ctx);
   if (rc < 0) {
     if (ctx->lfd >= 0) close(ctx->lfd);
@@ -233,7 +279,7 @@ static int tcp_async_error(void *vc) {
 }
 
 static int tcp_describe(void *ctx, char *buf, size_t len) {
-  snprintf(buf, len, "tcp: sockets, ring / recursive doubling / trees, built in");
+  snprintf(buf, len, "tcp: sockets and shared memory, ring / recursive doubling / trees, built in");
   return 0;
 }
 

@@ -4,6 +4,10 @@
  * in which the higher rank connects to the lower one and opens with the
  * authenticated handshake, naming the communicator and its rank. A link for
  * a communicator this process has not created yet is parked until it is.
+ * Each process also publishes its host identity; when both ends of a link
+ * are on one host, the connecting side offers a shared-memory segment in
+ * its hello, and the accepting side maps it and answers yes or no
+ * (tcp_shm.c).
  */
 #include "config.h"
 #include "tcp.h"
@@ -19,17 +23,30 @@
 struct hello {
   uint64_t comm_id;
   uint32_t rank, size;
+  /* Shared-memory offer: shm_fd < 0 when none. */
+  int32_t shm_pid, shm_fd;
+  uint64_t shm_nonce, shm_ring;
+  char host[TCP_HOST_ID_LEN];
+};
+
+/* The accepting side's answer to an offer. */
+struct shm_answer {
+  uint32_t magic;
+  int32_t ok;
 };
 
 int tcp_listen_and_publish(struct tcp_ctx *ctx) {
   const struct dcomm_host *h = ctx->host;
   TCP_CHECK(h->sock_listen(h->listen_ip, 0, 1024, &ctx->lfd, &ctx->port));
-  char key[64], val[80];
+  char key[64], val[sizeof(struct tcp_addr)];
   snprintf(key, sizeof(key), "tcp/addr/%d", h->world_rank);
-  if (strchr(h->listen_ip, ':')) snprintf(val, sizeof(val), "[%s]:%d", h->listen_ip, ctx->port);
-  else snprintf(val, sizeof(val), "%s:%d", h->listen_ip, ctx->port);
-  TCP_LOG(ctx, INFO, "listening for peers on %s", val);
-  return h->store_set(h->store, key, val, strlen(val) + 1);
+  if (strchr(h->listen_ip, ':')) snprintf(val, 80, "[%s]:%d", h->listen_ip, ctx->port);
+  else snprintf(val, 80, "%s:%d", h->listen_ip, ctx->port);
+  TCP_LOG(ctx, INFO, "listening for peers on %s (host %s)", val, ctx->host_id);
+  /* "ip:port" NUL host-id NUL */
+  size_t al = strlen(val) + 1, hl = strlen(ctx->host_id) + 1;
+  memcpy(val + al, ctx->host_id, hl);
+  return h->store_set(h->store, key, val, al + hl);
 }
 
 /* Loads every world rank's address once (the world comm's creation). */
@@ -51,11 +68,15 @@ static int load_addrs(struct tcp_ctx *ctx, double deadline) {
       return h->err(rc, "tcp: world rank %d never published its address (%s)", r,
                     rc == DCOMM_ETIMEDOUT ? "timed out; did it start?" : "store error");
     }
-    if (len == 0 || len > sizeof(ctx->addrs[r]) || ((char *)val)[len - 1]) {
+    size_t al = len ? strnlen(val, len) + 1 : 0;
+    if (len == 0 || al > sizeof(ctx->addrs[r].addr) || len - al > sizeof(ctx->addrs[r].host) || ((char *)val)[len - 1]) {
       free(val);
+      free(ctx->addrs);
+      ctx->addrs = NULL;
       return h->err(DCOMM_EPROTO, "tcp: malformed address for world rank %d in the store", r);
     }
-    memcpy(ctx->addrs[r], val, len);
+    memcpy(ctx->addrs[r].addr, val, al);
+    if (len > al) memcpy(ctx->addrs[r].host, (char *)val + al, len - al);
     free(val);
   }
   return 0;
@@ -73,7 +94,7 @@ static int split_addr(const char *addr, char *host, size_t hl, int *port) {
   return 0;
 }
 
-static int park(struct tcp_ctx *ctx, int fd, const struct hello *hi) {
+static int park(struct tcp_ctx *ctx, int fd, const struct hello *hi, struct tcp_shm *shm) {
   if (ctx->nparked == ctx->cparked) {
     int nc = ctx->cparked ? 2 * ctx->cparked : 16;
     void *p = realloc(ctx->parked, sizeof(*ctx->parked) * (size_t)nc);
@@ -81,13 +102,15 @@ static int park(struct tcp_ctx *ctx, int fd, const struct hello *hi) {
     ctx->parked = p;
     ctx->cparked = nc;
   }
-  ctx->parked[ctx->nparked++] = (struct tcp_parked){fd, hi->comm_id, hi->rank, hi->size};
+  ctx->parked[ctx->nparked++] = (struct tcp_parked){fd, hi->comm_id, hi->rank, hi->size, shm};
   return 0;
 }
 
-static void adopt(struct tcp_comm *c, int peer, int fd) {
+static void adopt(struct tcp_comm *c, int peer, int fd, struct tcp_shm *shm) {
   c->ctx->host->sock_tune(fd, c->ctx->bufsize);
   c->peers[peer].fd = fd;
+  c->peers[peer].shm = shm;
+  if (shm) tcp_shm_set_fd(shm, fd);
 }
 
 /* Takes parked links that belong to c. Returns how many were adopted. */
@@ -97,7 +120,7 @@ static int unpark(struct tcp_ctx *ctx, struct tcp_comm *c) {
     struct tcp_parked *p = &ctx->parked[i];
     if (p->comm_id == c->id && (int)p->size == c->size && (int)p->rank > c->rank && (int)p->rank < c->size &&
         c->peers[p->rank].fd < 0) {
-      adopt(c, (int)p->rank, p->fd);
+      adopt(c, (int)p->rank, p->fd, p->shm);
       got++;
       ctx->parked[i] = ctx->parked[--ctx->nparked];
     } else {
@@ -108,16 +131,42 @@ static int unpark(struct tcp_ctx *ctx, struct tcp_comm *c) {
 }
 
 void tcp_close_parked(struct tcp_ctx *ctx) {
-  for (int i = 0; i < ctx->nparked; i++) close(ctx->parked[i].fd);
+  for (int i = 0; i < ctx->nparked; i++) {
+    close(ctx->parked[i].fd);
+    tcp_shm_free(ctx->parked[i].shm);
+  }
   free(ctx->parked);
   ctx->parked = NULL;
   ctx->nparked = ctx->cparked = 0;
 }
 
+/* The accepting side of a shared-memory offer: map the segment when this
+ * process allows shared memory and the peer is on this host; answer. */
+static struct tcp_shm *answer_offer(struct tcp_ctx *ctx, int fd, const struct hello *hi) {
+  if (hi->shm_fd < 0) return NULL;
+  struct tcp_shm *shm = NULL;
+  char why[300] = "this rank's DCOMM_TRANSPORT is tcp";
+  char host[TCP_HOST_ID_LEN];
+  memcpy(host, hi->host, sizeof(host));
+  host[sizeof(host) - 1] = 0;
+  if (ctx->transport != TCP_TR_TCP) {
+    if (strcmp(host, ctx->host_id)) snprintf(why, sizeof(why), "it is on another host (%s, not %s)", host, ctx->host_id);
+    else tcp_shm_attach(hi->shm_pid, hi->shm_fd, hi->shm_nonce, (size_t)hi->shm_ring, &shm, why, sizeof(why));
+  }
+  struct shm_answer ans = {TCP_MAGIC, shm != NULL};
+  if (send(fd, &ans, sizeof(ans), MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof(ans)) {
+    tcp_shm_free(shm);
+    return NULL;
+  }
+  if (!shm) TCP_LOG(ctx, INFO, "declined shared memory offered by world rank %u's link: %s", hi->rank, why);
+  return shm;
+}
+
 /* Accepts one link and runs the handshake; -1 in *fd when refused. */
-static int accept_one(struct tcp_ctx *ctx, double deadline, int *fd, struct hello *hi) {
+static int accept_one(struct tcp_ctx *ctx, double deadline, int *fd, struct hello *hi, struct tcp_shm **shm) {
   const struct dcomm_host *h = ctx->host;
   *fd = -1;
+  *shm = NULL;
   struct pollfd p = {.fd = ctx->lfd, .events = POLLIN};
   double left = deadline - h->now();
   if (left <= 0) return DCOMM_ETIMEDOUT;
@@ -139,8 +188,29 @@ static int accept_one(struct tcp_ctx *ctx, double deadline, int *fd, struct hell
   }
   *fd = s;
   *hi = buf;
+  *shm = answer_offer(ctx, s, &buf);
   return 0;
 }
+
+/* Reads the answer to a shared-memory offer within the deadline. */
+static int read_answer(int fd, double deadline, const struct dcomm_host *h, struct shm_answer *ans) {
+  size_t got = 0;
+  while (got < sizeof(*ans)) {
+    ssize_t n = recv(fd, (char *)ans + got, sizeof(*ans) - got, MSG_DONTWAIT);
+    if (n > 0) {
+      got += (size_t)n;
+      continue;
+    }
+    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return DCOMM_EPEERLOST;
+    double left = deadline - h->now();
+    if (left <= 0) return DCOMM_ETIMEDOUT;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    poll(&p, 1, (int)(left * 1000) + 1);
+  }
+  return ans->magic == TCP_MAGIC ? 0 : DCOMM_EPROTO;
+}
+
+static const char *const transport_names[] = {"auto", "shm", "tcp"};
 
 int tcp_connect_mesh(struct tcp_ctx *ctx, struct tcp_comm *c, double deadline) {
   const struct dcomm_host *h = ctx->host;
@@ -150,17 +220,46 @@ int tcp_connect_mesh(struct tcp_ctx *ctx, struct tcp_comm *c, double deadline) {
     char host[80];
     int port, fd;
     int w = c->world_ranks[j];
-    if (split_addr(ctx->addrs[w], host, sizeof(host), &port) < 0)
-      return h->err(DCOMM_EPROTO, "tcp: bad address '%s' for world rank %d", ctx->addrs[w], w);
+    if (split_addr(ctx->addrs[w].addr, host, sizeof(host), &port) < 0)
+      return h->err(DCOMM_EPROTO, "tcp: bad address '%s' for world rank %d", ctx->addrs[w].addr, w);
+    int same = strcmp(ctx->addrs[w].host, ctx->host_id) == 0;
+    struct hello hi = {.comm_id = c->id, .rank = (uint32_t)c->rank, .size = (uint32_t)c->size, .shm_fd = -1};
+    snprintf(hi.host, sizeof(hi.host), "%s", ctx->host_id);
+    struct tcp_shm *shm = NULL;
+    int memfd = -1;
+    char why[160] = "";
+    if (same && ctx->transport != TCP_TR_TCP) {
+      uint64_t nonce;
+      if (tcp_shm_create(ctx->shm_ring, &shm, &memfd, &nonce, why, sizeof(why)) == 0) {
+        hi.shm_pid = (int32_t)getpid();
+        hi.shm_fd = memfd;
+        hi.shm_nonce = nonce;
+        hi.shm_ring = ctx->shm_ring;
+      } else {
+        TCP_LOG(ctx, WARN, "tcp %s: no shared memory for the link to rank %d: %s", c->label, j, why);
+      }
+    }
     int rc = h->sock_connect(host, port, deadline, &fd);
-    if (rc < 0) return h->err(rc, "tcp %s: cannot connect to rank %d (world rank %d at %s)", c->label, j, w, ctx->addrs[w]);
-    struct hello hi = {c->id, (uint32_t)c->rank, (uint32_t)c->size};
+    if (rc < 0) {
+      if (memfd >= 0) close(memfd);
+      tcp_shm_free(shm);
+      return h->err(rc, "tcp %s: cannot connect to rank %d (world rank %d at %s)", c->label, j, w, ctx->addrs[w].addr);
+    }
     rc = h->hs_client(fd, 2 /* DCOMM_HS_PEER */, &hi, sizeof(hi), deadline);
+    struct shm_answer ans = {0, 0};
+    if (rc == 0 && shm) rc = read_answer(fd, deadline, h, &ans);
+    if (memfd >= 0) close(memfd); /* mapped by now, or never will be */
     if (rc < 0) {
       close(fd);
+      tcp_shm_free(shm);
       return h->err(rc, "tcp %s: handshake with rank %d (world rank %d) failed", c->label, j, w);
     }
-    adopt(c, j, fd);
+    if (shm && !ans.ok) {
+      TCP_LOG(ctx, INFO, "tcp %s: rank %d declined shared memory; using TCP", c->label, j);
+      tcp_shm_free(shm);
+      shm = NULL;
+    }
+    adopt(c, j, fd, shm);
   }
   /* Accept every higher rank (some may already be parked). */
   int need = c->size - 1 - c->rank;
@@ -168,7 +267,8 @@ int tcp_connect_mesh(struct tcp_ctx *ctx, struct tcp_comm *c, double deadline) {
   while (need > 0) {
     int fd;
     struct hello hi;
-    int rc = accept_one(ctx, deadline, &fd, &hi);
+    struct tcp_shm *shm;
+    int rc = accept_one(ctx, deadline, &fd, &hi, &shm);
     if (rc == DCOMM_ETIMEDOUT || (rc == 0 && fd < 0 && h->now() >= deadline)) {
       for (int j = c->rank + 1; j < c->size; j++)
         if (c->peers[j].fd < 0)
@@ -180,14 +280,38 @@ int tcp_connect_mesh(struct tcp_ctx *ctx, struct tcp_comm *c, double deadline) {
     if (fd < 0) continue;
     if (hi.comm_id == c->id && (int)hi.size == c->size && (int)hi.rank > c->rank && (int)hi.rank < c->size &&
         c->peers[hi.rank].fd < 0) {
-      adopt(c, (int)hi.rank, fd);
+      adopt(c, (int)hi.rank, fd, shm);
       need--;
     } else if (hi.comm_id == c->id) {
       TCP_LOG(ctx, WARN, "tcp %s: refused a link claiming rank %u of %u", c->label, hi.rank, hi.size);
       close(fd);
-    } else if (park(ctx, fd, &hi) < 0) {
+      tcp_shm_free(shm);
+    } else if (park(ctx, fd, &hi, shm) < 0) {
       close(fd);
+      tcp_shm_free(shm);
     }
   }
+  /* Every member builds the whole mesh first, so that with a forced shm
+   * transport all of them fail here, none at the timeout. */
+  int nshm = 0;
+  for (int j = 0; j < c->size; j++) {
+    if (j == c->rank) continue;
+    const char *peer_host = ctx->addrs[c->world_ranks[j]].host;
+    if (c->peers[j].shm) nshm++;
+    else if (ctx->transport == TCP_TR_SHM && strcmp(peer_host, ctx->host_id))
+      return h->err(DCOMM_EINVAL,
+                    "tcp %s: DCOMM_TRANSPORT=shm, but rank %d (world rank %d) is on another host (host id %s; this "
+                    "one is %s): shared memory needs every member on one host",
+                    c->label, j, c->world_ranks[j], peer_host, ctx->host_id);
+    else if (ctx->transport == TCP_TR_SHM)
+      return h->err(DCOMM_EINVAL,
+                    "tcp %s: DCOMM_TRANSPORT=shm, but the link with rank %d (world rank %d) could not use shared "
+                    "memory (its DCOMM_TRANSPORT is tcp, or the segment could not be created or mapped: see the "
+                    "info log)",
+                    c->label, j, c->world_ranks[j]);
+  }
+  c->nshm = nshm;
+  TCP_LOG(ctx, INFO, "tcp %s: %d of %d links in shared memory (DCOMM_TRANSPORT=%s)", c->label, nshm, c->size - 1,
+          transport_names[ctx->transport]);
   return 0;
 }

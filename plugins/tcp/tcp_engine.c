@@ -7,12 +7,18 @@
  * timeout. Any error breaks the communicator: an ABORT frame carrying the
  * error goes to every peer (which breaks theirs in turn), and every later
  * call fails fast with the same error.
+ *
+ * A link in shared memory (tcp_shm.c) carries the same frames in its rings;
+ * its socket carries abort and wake-up frames and shows a dead peer by its
+ * end of file. Waiting on such links spins for DCOMM_SHM_SPIN microseconds,
+ * then raises the rings' waiting flags and sleeps in the same poll().
  */
 #include "config.h"
 #include "tcp.h"
 
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,9 +74,10 @@ int tcp_fail(struct tcp_comm *c, int err, const char *fmt, ...) {
   return c->ctx->host->err(err, "%s", msg);
 }
 
-/* Reads exactly len bytes (used for short tails: ABORT messages, queued
- * p2p payloads) bounded by the deadline and the abort descriptor. */
-static int read_full(struct tcp_comm *c, int peer, void *buf, size_t len, double deadline) {
+/* Reads exactly len bytes from the socket (used for short tails: ABORT
+ * messages, queued p2p payloads) bounded by the deadline and the abort
+ * descriptor. */
+static int read_sock_full(struct tcp_comm *c, int peer, void *buf, size_t len, double deadline) {
   struct tcp_peer *p = &c->peers[peer];
   char *b = buf;
   while (len > 0) {
@@ -95,10 +102,102 @@ static int read_full(struct tcp_comm *c, int peer, void *buf, size_t len, double
   return 0;
 }
 
+static int lost_msg(struct tcp_comm *c, int peer, const char *what) {
+  struct tcp_peer *p = &c->peers[peer];
+  if (p->departed) return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: rank %d (world rank %d) has finalized", c->label, peer, world_of(c, peer));
+  return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: lost rank %d (world rank %d): its link closed%s (the process died or aborted)",
+                  c->label, peer, world_of(c, peer), what);
+}
+
+/* An ABORT header arrived from peer: read its message, break the comm. */
+static int abort_from(struct tcp_comm *c, int peer, const struct tcp_hdr *h) {
+  char msg[TCP_MAX_ABORT_MSG] = "";
+  size_t ml = h->len < sizeof(msg) - 1 ? h->len : sizeof(msg) - 1;
+  int err = h->root;
+  if (err >= 0 || err < -100) err = DCOMM_EPEERLOST;
+  if (read_sock_full(c, peer, msg, ml, c->ctx->host->now() + 1.0) == 0) msg[ml] = 0;
+  return tcp_fail(c, err, "tcp %s: rank %d (world rank %d) aborted the communicator: %s", c->label, peer,
+                  world_of(c, peer), msg);
+}
+
+/* Reads what the socket of a shared-memory link holds: wake-ups (dropped),
+ * an ABORT (breaks the comm) or the end of file (sets closed). */
+static int shm_drain(struct tcp_comm *c, int peer) {
+  struct tcp_peer *p = &c->peers[peer];
+  while (!p->closed) {
+    ssize_t n = recv(p->fd, (char *)&p->shdr + p->sgot, sizeof(p->shdr) - p->sgot, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+    if (n <= 0) {
+      p->closed = 1;
+      return 0;
+    }
+    p->sgot += (size_t)n;
+    if (p->sgot < sizeof(p->shdr)) continue;
+    p->sgot = 0;
+    if (p->shdr.magic != TCP_MAGIC)
+      return tcp_fail(c, DCOMM_EPROTO, "tcp %s: garbage on the link from rank %d (world rank %d)", c->label, peer,
+                      world_of(c, peer));
+    if (p->shdr.type == TCP_F_ABORT) return abort_from(c, peer, &p->shdr);
+    if (p->shdr.type != TCP_F_WAKE)
+      return tcp_fail(c, DCOMM_EPROTO, "tcp %s: unexpected frame type %d on the socket of rank %d's shared-memory link",
+                      c->label, p->shdr.type, peer);
+  }
+  return 0;
+}
+
+/* Sleeps until the socket of a shm link is readable (a wake-up, an abort,
+ * its end), the comm is aborted, or the deadline. */
+static int shm_sleep(struct tcp_comm *c, int peer, double deadline) {
+  struct tcp_peer *p = &c->peers[peer];
+  struct pollfd pf[2] = {{.fd = c->abort_fd, .events = POLLIN}, {.fd = p->fd, .events = POLLIN}};
+  double left = deadline - c->ctx->host->now();
+  if (left <= 0) return tcp_fail(c, DCOMM_ETIMEDOUT, "tcp %s: timed out reading from rank %d", c->label, peer);
+  poll(pf, p->closed ? 1 : 2, (int)(left * 1000) + 1);
+  if (pf[0].revents & POLLIN) return tcp_fail(c, DCOMM_EREVOKED, "tcp %s: communicator aborted", c->label);
+  return shm_drain(c, peer);
+}
+
+/* read_sock_full for the ring of a shared-memory link. */
+static int read_ring_full(struct tcp_comm *c, int peer, void *buf, size_t len, double deadline) {
+  struct tcp_peer *p = &c->peers[peer];
+  size_t got = 0;
+  while (got < len) {
+    size_t n = tcp_shm_get(p->shm, (char *)buf + got, len - got);
+    got += n;
+    if (n || got == len) continue;
+    if (p->closed) return lost_msg(c, peer, " in the middle of a message");
+    if (tcp_shm_arm_rx(p->shm)) continue;
+    TCP_CHECK(shm_sleep(c, peer, deadline));
+  }
+  return 0;
+}
+
+static int read_full(struct tcp_comm *c, int peer, void *buf, size_t len, double deadline) {
+  if (c->peers[peer].shm) return read_ring_full(c, peer, buf, len, deadline);
+  return read_sock_full(c, peer, buf, len, deadline);
+}
+
+/* read_hdr for a shared-memory link: the ring, then the closed socket. */
+static int read_ring_hdr(struct tcp_comm *c, int peer) {
+  struct tcp_peer *p = &c->peers[peer];
+  if (p->have_hdr) return 1;
+  if (tcp_shm_get_hdr(p->shm, &p->hdr)) {
+    if (p->hdr.magic != TCP_MAGIC)
+      return tcp_fail(c, DCOMM_EPROTO, "tcp %s: garbage in the ring from rank %d (world rank %d)", c->label, peer,
+                      world_of(c, peer));
+    p->hgot = sizeof(p->hdr);
+    p->have_hdr = 1;
+    return 1;
+  }
+  /* The peer wrote everything before its socket closed: empty is final. */
+  return p->closed ? lost_msg(c, peer, "") : 0;
+}
+
 /* Reads what is missing of the peer's next header. 1: complete, 0: would
  * block, <0: error (EOF included). */
 static int read_hdr(struct tcp_comm *c, int peer) {
   struct tcp_peer *p = &c->peers[peer];
+  if (p->shm) return read_ring_hdr(c, peer);
   while (!p->have_hdr) {
     ssize_t n = recv(p->fd, (char *)&p->hdr + p->hgot, sizeof(p->hdr) - p->hgot, MSG_DONTWAIT);
     if (n > 0) {
@@ -113,10 +212,7 @@ static int read_hdr(struct tcp_comm *c, int peer) {
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
     p->closed = 1;
-    if (p->departed) return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: rank %d (world rank %d) has finalized", c->label, peer, world_of(c, peer));
-    return tcp_fail(c, DCOMM_EPEERLOST,
-                    "tcp %s: lost rank %d (world rank %d): its link closed%s (the process died or aborted)", c->label,
-                    peer, world_of(c, peer), p->hgot ? " in the middle of a header" : "");
+    return lost_msg(c, peer, p->hgot ? " in the middle of a header" : "");
   }
   return 1;
 }
@@ -128,15 +224,9 @@ static int take_control(struct tcp_comm *c, int peer, double deadline) {
   struct tcp_peer *p = &c->peers[peer];
   struct tcp_hdr *h = &p->hdr;
   if (h->type == TCP_F_ABORT) {
-    char msg[TCP_MAX_ABORT_MSG] = "";
-    size_t ml = h->len < sizeof(msg) - 1 ? h->len : sizeof(msg) - 1;
-    int err = h->root;
-    if (err >= 0 || err < -100) err = DCOMM_EPEERLOST;
-    if (read_full(c, peer, msg, ml, c->ctx->host->now() + 1.0) == 0) msg[ml] = 0;
     p->have_hdr = 0;
     p->hgot = 0;
-    return tcp_fail(c, err, "tcp %s: rank %d (world rank %d) aborted the communicator: %s", c->label, peer,
-                    world_of(c, peer), msg);
+    return abort_from(c, peer, h);
   }
   if (h->type == TCP_F_BYE) {
     p->departed = 1;
@@ -216,8 +306,55 @@ static int check_hdr(struct tcp_comm *c, int peer, const struct tcp_xop *op, con
   return ok ? 0 : mismatch(c, peer, a);
 }
 
+static int progress_send_ring(struct tcp_comm *c, struct tcp_xop *op) {
+  struct tcp_peer *p = &c->peers[op->peer];
+  if (p->closed)
+    return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: lost rank %d (world rank %d) while sending to it (its link closed)",
+                    c->label, op->peer, world_of(c, op->peer));
+  if (op->done == 0) {
+    if (!tcp_shm_put_hdr(p->shm, &op->hdr)) return 0;
+    op->done = sizeof(op->hdr);
+  }
+  size_t total = sizeof(op->hdr) + op->len;
+  while (op->done < total) {
+    size_t n = tcp_shm_put(p->shm, (const char *)op->sbuf + (op->done - sizeof(op->hdr)), total - op->done);
+    if (!n) return 0;
+    op->done += n;
+  }
+  op->complete = 1;
+  return 0;
+}
+
+/* Payload of a receive from a ring: reductions read straight from it. */
+static int progress_recv_ring(struct tcp_comm *c, struct tcp_xop *op, const struct dcomm_coll_args *a) {
+  struct tcp_peer *p = &c->peers[op->peer];
+  size_t es = op->reduce ? dcomm_dtype_size(a->dtype) : 1;
+  while (op->done < op->len) {
+    const void *src;
+    size_t n = tcp_shm_peek(p->shm, &src);
+    if (n > op->len - op->done) n = op->len - op->done;
+    n -= n % es; /* a partial element waits for the rest */
+    if (!n) {
+      if (p->closed)
+        return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: the link from rank %d (world rank %d) closed in the middle of its data (it died or aborted)",
+                        c->label, op->peer, world_of(c, op->peer));
+      return 0;
+    }
+    if (op->reduce) c->ctx->host->reduce((char *)op->rbuf + op->done, src, n / es, a->dtype, a->op);
+    else memcpy((char *)op->rbuf + op->done, src, n);
+    tcp_shm_consume(p->shm, n);
+    op->done += n;
+    op->reduced = op->done;
+  }
+  p->have_hdr = 0;
+  p->hgot = 0;
+  op->complete = 1;
+  return 0;
+}
+
 static int progress_send(struct tcp_comm *c, struct tcp_xop *op) {
   struct tcp_peer *p = &c->peers[op->peer];
+  if (p->shm) return progress_send_ring(c, op);
   size_t total = sizeof(op->hdr) + op->len;
   while (op->done < total) {
     struct iovec iov[2];
@@ -271,6 +408,7 @@ static int progress_recv(struct tcp_comm *c, struct tcp_xop *op, const struct dc
       return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: rank %d (world rank %d) finalized while this rank waits for its data",
                       c->label, op->peer, world_of(c, op->peer));
   }
+  if (p->shm) return progress_recv_ring(c, op, a);
   size_t chunk = c->ctx->chunk;
   while (op->done < op->len) {
     char *dst;
@@ -312,6 +450,7 @@ static int progress_recv(struct tcp_comm *c, struct tcp_xop *op, const struct dc
  * is a mismatch, found here even when no rank reads from that link. */
 static int watch_peer(struct tcp_comm *c, int peer, const struct dcomm_coll_args *a) {
   struct tcp_peer *p = &c->peers[peer];
+  if (p->shm) TCP_CHECK(shm_drain(c, peer));
   for (;;) {
     if (p->have_hdr) {
       const struct tcp_hdr *h = &p->hdr;
@@ -353,6 +492,64 @@ static int broken(struct tcp_comm *c) {
 
 #define MAX_POLL 512
 
+/* Progresses one op: 1 if it moved or completed, 0 if not, <0 error. */
+static int step_op(struct tcp_comm *c, struct tcp_xop *op, const struct dcomm_coll_args *a, int *left) {
+  size_t before = op->done;
+  int hdr = op->hdr_ok;
+  TCP_CHECK(op->is_send ? progress_send(c, op) : progress_recv(c, op, a));
+  if (op->complete) {
+    (*left)--;
+    return 1;
+  }
+  return op->done != before || op->hdr_ok != hdr;
+}
+
+/* Polls the rings of the pending shared-memory ops (no system call but
+ * sched_yield) until they stall for DCOMM_SHM_SPIN (1: time to sleep)
+ * or for at most 2 ms while they still move (0: look at the sockets, do
+ * not sleep). A rank that finds nothing yields, so that the rank it waits
+ * for runs even when there are more ranks (or other processes) than
+ * processors; spinning with pause alone was slower at 4 ranks on 2 cores
+ * and collapsed when another process took one of the cores. */
+static int spin_rings(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_coll_args *a, int *left) {
+  const struct dcomm_host *h = c->ctx->host;
+  double t0 = h->now(), last = t0;
+  for (;;) {
+    int moved = 0, any = 0;
+    for (int i = 0; i < n; i++) {
+      if (ops[i].complete || !c->peers[ops[i].peer].shm) continue;
+      any = 1;
+      int rc = step_op(c, &ops[i], a, left);
+      if (rc < 0) return rc;
+      moved |= rc;
+    }
+    if (!any || !*left || atomic_load_explicit(&c->error, memory_order_relaxed)) return 1;
+    double t = h->now();
+    if (moved) last = t;
+    else if (t - last >= c->ctx->shm_spin) return 1;
+    if (t - t0 > 0.002) return 0;
+    if (!moved) sched_yield();
+  }
+}
+
+/* Before sleeping: raises the waiting flags of every ring this call waits
+ * on or watches. 0: sleep; 1: something arrived meanwhile. */
+static int arm_rings(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_coll_args *a) {
+  int ready = 0;
+  for (int i = 0; i < n; i++) {
+    struct tcp_peer *p = &c->peers[ops[i].peer];
+    if (ops[i].complete || !p->shm || p->closed) continue;
+    ready |= ops[i].is_send ? tcp_shm_arm_tx(p->shm) : tcp_shm_arm_rx(p->shm);
+  }
+  for (int r = 0; r < c->size; r++) {
+    struct tcp_peer *p = &c->peers[r];
+    if (!p->shm || c->recv_mark[r] || p->closed || p->departed || p->watch_off) continue;
+    /* A watched ring: what is already there is looked at now. */
+    if (tcp_shm_arm_rx(p->shm)) TCP_CHECK(watch_peer(c, r, a));
+  }
+  return ready;
+}
+
 int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_coll_args *a) {
   const struct dcomm_host *h = c->ctx->host;
   TCP_CHECK(broken(c));
@@ -362,7 +559,7 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
     op->done = op->reduced = 0;
     op->complete = op->hdr_ok = 0;
     if (op->is_send) fill_hdr(&op->hdr, a, op->len);
-    if (!op->is_send && op->reduce) {
+    if (!op->is_send && op->reduce && !c->peers[op->peer].shm) {
       if (stages == 2) return h->err(DCOMM_EBACKEND, "tcp: more than two reducing receives in one step");
       op->stage_idx = stages++;
       if (!c->stage[op->stage_idx] && !(c->stage[op->stage_idx] = malloc(c->ctx->chunk)))
@@ -379,15 +576,26 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
   struct pollfd pf[MAX_POLL];
   int who[MAX_POLL]; /* >= 0: op index; < 0: -(peer+1) watched */
   while (left > 0) {
+    char *recv_peer = c->recv_mark;
+    memset(recv_peer, 0, (size_t)c->size);
+    for (int i = 0; i < n; i++)
+      if (!ops[i].complete && !ops[i].is_send) recv_peer[ops[i].peer] = 1;
+    int may_sleep = 1;
+    if (c->nshm) {
+      int rc = spin_rings(c, ops, n, a, &left);
+      if (rc < 0) return rc;
+      if (!left) break;
+      may_sleep = rc == 1 && !arm_rings(c, ops, n, a);
+    }
     int np = 0;
     pf[np] = (struct pollfd){.fd = c->abort_fd, .events = POLLIN};
     who[np++] = MAX_POLL;
-    char *recv_peer = c->recv_mark;
-    memset(recv_peer, 0, (size_t)c->size);
     for (int i = 0; i < n && np < MAX_POLL; i++) {
-      if (ops[i].complete) continue;
-      if (!ops[i].is_send) recv_peer[ops[i].peer] = 1;
-      pf[np] = (struct pollfd){.fd = c->peers[ops[i].peer].fd, .events = ops[i].is_send ? POLLOUT : POLLIN};
+      struct tcp_peer *p = &c->peers[ops[i].peer];
+      if (ops[i].complete || (p->shm && p->closed)) continue;
+      /* A shm link's socket only brings wake-ups, aborts and its end. */
+      short ev = p->shm ? POLLIN : ops[i].is_send ? POLLOUT : POLLIN;
+      pf[np] = (struct pollfd){.fd = p->fd, .events = ev};
       who[np++] = i;
     }
     for (int r = 0; r < c->size && np < MAX_POLL; r++) {
@@ -404,7 +612,7 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
                           ops[i].is_send ? "sending to" : "waiting for data from", ops[i].peer,
                           world_of(c, ops[i].peer), coll_name(a->coll));
     }
-    int rc = poll(pf, (nfds_t)np, wait_s > 0 ? (int)(wait_s * 1000) + 1 : 0);
+    int rc = poll(pf, (nfds_t)np, may_sleep && wait_s > 0 ? (int)(wait_s * 1000) + 1 : 0);
     if (rc < 0 && errno != EINTR) return tcp_fail(c, DCOMM_ESYSTEM, "tcp: poll: %s", strerror(errno));
     if (rc <= 0) continue;
     if (pf[0].revents & POLLIN) {
@@ -416,14 +624,19 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
       if (who[k] >= 0) {
         struct tcp_xop *op = &ops[who[k]];
         if (op->complete) continue;
-        TCP_CHECK(op->is_send ? progress_send(c, op) : progress_recv(c, op, a));
-        if (op->complete) left--;
+        if (c->peers[op->peer].shm) TCP_CHECK(shm_drain(c, op->peer));
+        TCP_CHECK(step_op(c, op, a, &left));
       } else {
         TCP_CHECK(watch_peer(c, -who[k] - 1, a));
       }
     }
   }
   return 0;
+}
+
+int tcp_sends_now(struct tcp_comm *c, int peer, size_t len) {
+  struct tcp_peer *p = &c->peers[peer];
+  return p->shm && !p->closed && tcp_shm_fits(p->shm, len);
 }
 
 int tcp_p2p_send(struct tcp_comm *c, const struct dcomm_coll_args *a) {
@@ -474,7 +687,9 @@ void tcp_close_links(struct tcp_comm *c) {
     if (p->fd < 0) continue;
     if (clean && !p->closed && !p->mid_send) {
       struct tcp_hdr h = {.magic = TCP_MAGIC, .type = TCP_F_BYE};
-      if (send(p->fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) { /* best effort */ }
+      /* In order after the data, in the ring when there is one. */
+      if (p->shm) tcp_shm_put_hdr(p->shm, &h);
+      else if (send(p->fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) { /* best effort */ }
     }
     shutdown(p->fd, SHUT_WR);
     /* Empty the receive queue so close() sends FIN, not a reset that could
@@ -484,6 +699,8 @@ void tcp_close_links(struct tcp_comm *c) {
     }
     close(p->fd);
     p->fd = -1;
+    tcp_shm_free(p->shm);
+    p->shm = NULL;
     tcp_peer_free_queue(p);
   }
 }

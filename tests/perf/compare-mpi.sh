@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/perf/compare-mpi.sh: puts dcomm's collectives (tcp backend, through
-# dcomm-bench) next to Open MPI's (through tests/perf/mpi_bench) on this
-# machine. For each op and each rank count it runs
+# dcomm-bench; shared memory between the ranks unless DCOMM_TRANSPORT=tcp)
+# next to Open MPI's (through tests/perf/mpi_bench) on this machine. For each op and each rank count it runs
 #   mpirun --allow-run-as-root --oversubscribe -np N tests/perf/mpi_bench ...
 #   ./dcomm-run --nproc-per-node N -- ./dcomm-bench ...
 # on the same sizes and prints, per size, a side-by-side table: dcomm and
@@ -67,7 +67,7 @@ mpicc -std=gnu11 -O2 tests/perf/mpi_bench.c -lm -o tests/perf/mpi_bench || { ech
 echo
 echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'); $(uname -sr)"
 echo "mpi:     $(mpirun --version 2>&1 | head -n 1)${MPIFLAGS:+, mpirun $MPIFLAGS}"
-echo "dcomm:   $(./dcomm-info 2>/dev/null | head -n 1), backend ${DCOMM_BACKEND:-tcp}${DCOMM_ALGO:+, DCOMM_ALGO=$DCOMM_ALGO}"
+echo "dcomm:   $(./dcomm-info 2>/dev/null | head -n 1), backend ${DCOMM_BACKEND:-tcp}, DCOMM_TRANSPORT=${DCOMM_TRANSPORT:-auto}${DCOMM_ALGO:+, DCOMM_ALGO=$DCOMM_ALGO}"
 
 # ---- memcpy bandwidth: the physical reference ----
 cat >"$work/memcpy_bw.c" <<'EOF'
