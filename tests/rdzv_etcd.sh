@@ -279,5 +279,33 @@ else
   notok "the three-member etcd cluster did not start" "$work"/etcd-m1-*.log
 fi
 
+# ---- 9: etcd with authentication: the agents and workers log in ----
+n=$((n + 1)); ckdir=$work/c9
+ca=$((base + 20))
+start_etcd a1 $ca $((ca + 1)) "a1=http://$ehost:$((ca + 1))" auth
+if wait_etcd $ca; then
+  for step in '/auth/user/add {"name":"root","password":"rootpw"}' '/auth/role/add {"name":"root"}' \
+    '/auth/user/grant {"user":"root","role":"root"}' '/auth/user/add {"name":"alice","password":"alicepw"}' \
+    '/auth/user/grant {"user":"alice","role":"root"}' '/auth/enable {}'; do
+    in_ns 1 curl -s -m 5 -X POST "http://$ehost:$ca/v3${step%% *}" -d "${step#* }" >/dev/null
+  done
+  export DCOMM_ETCD_USER=alice DCOMM_ETCD_PASSWORD=alicepw
+  start_node 1 jobI 2 "$ehost:$ca" "$work/9a"; a=$node_pid
+  start_node 2 jobI 2 "$ehost:$ca" "$work/9b"; b=$node_pid
+  export DCOMM_ETCD_PASSWORD=wrong
+  start_node 3 jobI 2 "$ehost:$ca" "$work/9c"; c=$node_pid
+  unset DCOMM_ETCD_USER DCOMM_ETCD_PASSWORD
+  wait $a; ra=$?; wait $b; rb=$?; wait $c; rc=$?
+  f=$(final "$work/9a.out")$(final "$work/9b.out")
+  if [ $ra$rb = 00 ] && echo "$f" | grep -q "world=4 generation=1 " && [ $rc = 1 ] &&
+    grep -qi "auth" "$work/9c.err"; then
+    ok "etcd with authentication: agents with the user's password form the job; a wrong password is refused ('$(grep -o 'etcd rendezvous.*' "$work/9c.err" | head -c 120)')"
+  else
+    notok "etcd auth (exit $ra $rb $rc; '$f')" "$work/9a.err" "$work/9b.err" "$work/9c.err"
+  fi
+else
+  notok "the etcd server for the authentication case did not start" "$work"/etcd-a1-*.log
+fi
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
