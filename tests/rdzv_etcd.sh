@@ -307,5 +307,46 @@ else
   notok "the etcd server for the authentication case did not start" "$work"/etcd-a1-*.log
 fi
 
+# ---- 10: etcd over TLS with client certificates ----
+n=$((n + 1)); ckdir=$work/c10
+ct=$((base + 30))
+if command -v openssl >/dev/null && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+  -keyout "$work/tls.key" -out "$work/tls.pem" -days 2 -subj "/CN=$ehost" -addext "subjectAltName=IP:$ehost" \
+  >/dev/null 2>&1; then
+  in_ns 0 etcd --name t1 --data-dir "$work/etcd-t1" \
+    --listen-client-urls "https://$ehost:$ct" --advertise-client-urls "https://$ehost:$ct" \
+    --listen-peer-urls "http://$ehost:$((ct + 1))" --initial-advertise-peer-urls "http://$ehost:$((ct + 1))" \
+    --initial-cluster "t1=http://$ehost:$((ct + 1))" --cert-file "$work/tls.pem" --key-file "$work/tls.key" \
+    --client-cert-auth --trusted-ca-file "$work/tls.pem" >"$work/etcd-t1.log" 2>&1 &
+  pids+=("$!")
+  up=0
+  for _ in $(seq 1 100); do
+    in_ns 1 curl -s -m 1 --cacert "$work/tls.pem" --cert "$work/tls.pem" --key "$work/tls.key" -X POST \
+      "https://$ehost:$ct/v3/kv/range" -d '{"key":"AA=="}' 2>/dev/null | grep -q header && { up=1; break; }
+    sleep 0.1
+  done
+  if [ $up = 1 ]; then
+    export DCOMM_ETCD_CACERT=$work/tls.pem DCOMM_ETCD_CERT=$work/tls.pem DCOMM_ETCD_KEY=$work/tls.key
+    start_node 1 jobJ 2 "$ehost:$ct" "$work/10a"; a=$node_pid
+    start_node 2 jobJ 2 "$ehost:$ct" "$work/10b"; b=$node_pid
+    unset DCOMM_ETCD_CERT DCOMM_ETCD_KEY
+    start_node 3 jobJ 2 "$ehost:$ct" "$work/10c"; c=$node_pid
+    unset DCOMM_ETCD_CACERT
+    wait $a; ra=$?; wait $b; rb=$?; wait $c; rc=$?
+    f=$(final "$work/10a.out")$(final "$work/10b.out")
+    if [ $ra$rb = 00 ] && echo "$f" | grep -q "world=4 generation=1 " && [ $rc = 1 ] &&
+      grep -q "etcd rendezvous" "$work/10c.err"; then
+      ok "etcd over TLS with client certificates: the job forms; an agent without a client certificate is refused"
+    else
+      notok "etcd TLS (exit $ra $rb $rc; '$f')" "$work/10a.err" "$work/10b.err" "$work/10c.err"
+    fi
+  else
+    notok "the TLS etcd server did not start" "$work/etcd-t1.log"
+  fi
+else
+  skipped=$((skipped + 1))
+  echo "ok $n - # SKIP TLS: openssl cannot make a certificate here"
+fi
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
