@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "dcomm.h"
 #include "harness.h"
 #include "reduce.h"
@@ -23,38 +24,6 @@
 static const dcomm_dtype_t all_dtypes[] = {DCOMM_INT8,    DCOMM_UINT8,    DCOMM_INT32,   DCOMM_UINT32, DCOMM_INT64,
                                            DCOMM_UINT64,  DCOMM_FLOAT16,  DCOMM_BFLOAT16, DCOMM_FLOAT32, DCOMM_FLOAT64};
 #define NDT (sizeof(all_dtypes) / sizeof(all_dtypes[0]))
-
-static void put(void *buf, dcomm_dtype_t dt, size_t i, double v) {
-  switch (dt) {
-    case DCOMM_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
-    case DCOMM_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-    case DCOMM_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case DCOMM_UINT32: ((uint32_t *)buf)[i] = (uint32_t)v; break;
-    case DCOMM_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case DCOMM_UINT64: ((uint64_t *)buf)[i] = (uint64_t)v; break;
-    case DCOMM_FLOAT16: ((uint16_t *)buf)[i] = dcomm__float_to_half((float)v); break;
-    case DCOMM_BFLOAT16: ((uint16_t *)buf)[i] = dcomm__float_to_bf16((float)v); break;
-    case DCOMM_FLOAT32: ((float *)buf)[i] = (float)v; break;
-    case DCOMM_FLOAT64: ((double *)buf)[i] = v; break;
-    default: break;
-  }
-}
-
-static double get(const void *buf, dcomm_dtype_t dt, size_t i) {
-  switch (dt) {
-    case DCOMM_INT8: return ((const int8_t *)buf)[i];
-    case DCOMM_UINT8: return ((const uint8_t *)buf)[i];
-    case DCOMM_INT32: return ((const int32_t *)buf)[i];
-    case DCOMM_UINT32: return ((const uint32_t *)buf)[i];
-    case DCOMM_INT64: return (double)((const int64_t *)buf)[i];
-    case DCOMM_UINT64: return (double)((const uint64_t *)buf)[i];
-    case DCOMM_FLOAT16: return dcomm__half_to_float(((const uint16_t *)buf)[i]);
-    case DCOMM_BFLOAT16: return dcomm__bf16_to_float(((const uint16_t *)buf)[i]);
-    case DCOMM_FLOAT32: return ((const float *)buf)[i];
-    case DCOMM_FLOAT64: return ((const double *)buf)[i];
-    default: return NAN;
-  }
-}
 
 static int is_int(dcomm_dtype_t dt) { return dt <= DCOMM_UINT64; }
 
@@ -95,7 +64,7 @@ struct plan {
 #define CHECK_ELEMS(buf, dt, count, expr, what)                                           \
   for (size_t k_ = 0; k_ < (count); k_++) {                                              \
     size_t k = k_;                                                                       \
-    double want_ = (expr), got_ = get((buf), (dt), k);                                   \
+    double want_ = (expr), got_ = bench_get((buf), (dt), k);                                   \
     MP_REQUIRE(close_enough(got_, want_, (dt)), "%s %s count %zu: element %zu is %g, want %g", what, \
                dcomm__dtype_name(dt), (size_t)(count), k, got_, want_);                  \
   }
@@ -104,12 +73,12 @@ static int run_reducing(int rank, int n, dcomm_dtype_t dt, dcomm_op_t op, size_t
   size_t es = dcomm_dtype_size(dt);
   char *buf = xalloc(count * es), *big = xalloc(count * es * (size_t)n), *out = xalloc(count * es);
   /* all_reduce */
-  for (size_t k = 0; k < count; k++) put(buf, dt, k, val(rank, k, op));
+  for (size_t k = 0; k < count; k++) bench_put(buf, dt, k, val(rank, k, op));
   MP_OK(dcomm_all_reduce(buf, count, dt, op, NULL));
   CHECK_ELEMS(buf, dt, count, ref_reduce(n, k, op, dt), "all_reduce");
   /* reduce to a root that moves with the count */
   int root = (int)(count % (size_t)n);
-  for (size_t k = 0; k < count; k++) put(buf, dt, k, val(rank, k, op));
+  for (size_t k = 0; k < count; k++) bench_put(buf, dt, k, val(rank, k, op));
   MP_OK(dcomm_reduce(buf, count, dt, op, root, NULL));
   if (rank == root) {
     CHECK_ELEMS(buf, dt, count, ref_reduce(n, k, op, dt), "reduce");
@@ -117,7 +86,7 @@ static int run_reducing(int rank, int n, dcomm_dtype_t dt, dcomm_op_t op, size_t
     CHECK_ELEMS(buf, dt, count, val(rank, k, op), "reduce (non-root unchanged)");
   }
   /* reduce_scatter: block b of rank r's input is val(r, b*count + k) */
-  for (size_t k = 0; k < count * (size_t)n; k++) put(big, dt, k, val(rank, k, op));
+  for (size_t k = 0; k < count * (size_t)n; k++) bench_put(big, dt, k, val(rank, k, op));
   MP_OK(dcomm_reduce_scatter(big, out, count, dt, op, NULL));
   CHECK_ELEMS(out, dt, count, ref_reduce(n, (size_t)rank * count + k, op, dt), "reduce_scatter");
   free(buf), free(big), free(out);
@@ -131,11 +100,11 @@ static int run_moving(int rank, int n, dcomm_dtype_t dt, size_t count) {
   char *buf = xalloc(count * es), *all = xalloc(count * es * (size_t)n), *send = xalloc(count * es * (size_t)n);
   int root = (int)((count + 1) % (size_t)n);
   /* broadcast */
-  for (size_t k = 0; k < count; k++) put(buf, dt, k, rank == root ? code(root, 0, k) : 0);
+  for (size_t k = 0; k < count; k++) bench_put(buf, dt, k, rank == root ? code(root, 0, k) : 0);
   MP_OK(dcomm_broadcast(buf, count, dt, root, NULL));
   CHECK_ELEMS(buf, dt, count, code(root, 0, k), "broadcast");
   /* all_gather */
-  for (size_t k = 0; k < count; k++) put(buf, dt, k, code(rank, 1, k));
+  for (size_t k = 0; k < count; k++) bench_put(buf, dt, k, code(rank, 1, k));
   memset(all, 0, count * es * (size_t)n);
   MP_OK(dcomm_all_gather(buf, all, count, dt, NULL));
   CHECK_ELEMS(all, dt, count * (size_t)n, code((int)(k / (count ? count : 1)), 1, k % (count ? count : 1)), "all_gather");
@@ -144,12 +113,12 @@ static int run_moving(int rank, int n, dcomm_dtype_t dt, size_t count) {
   MP_OK(dcomm_gather(buf, all, count, dt, root, NULL));
   if (rank == root) CHECK_ELEMS(all, dt, count * (size_t)n, code((int)(k / (count ? count : 1)), 1, k % (count ? count : 1)), "gather");
   /* scatter: block j of the root's buffer goes to rank j */
-  for (size_t k = 0; k < count * (size_t)n; k++) put(send, dt, k, code(root, (int)(k / (count ? count : 1)), k % (count ? count : 1)));
+  for (size_t k = 0; k < count * (size_t)n; k++) bench_put(send, dt, k, code(root, (int)(k / (count ? count : 1)), k % (count ? count : 1)));
   memset(buf, 0, count * es);
   MP_OK(dcomm_scatter(rank == root ? send : NULL, buf, count, dt, root, NULL));
   CHECK_ELEMS(buf, dt, count, code(root, rank, k), "scatter");
   /* all_to_all: block j from rank r holds code(r, j, k) */
-  for (size_t k = 0; k < count * (size_t)n; k++) put(send, dt, k, code(rank, (int)(k / (count ? count : 1)), k % (count ? count : 1)));
+  for (size_t k = 0; k < count * (size_t)n; k++) bench_put(send, dt, k, code(rank, (int)(k / (count ? count : 1)), k % (count ? count : 1)));
   memset(all, 0, count * es * (size_t)n);
   MP_OK(dcomm_all_to_all(send, all, count, dt, NULL));
   CHECK_ELEMS(all, dt, count * (size_t)n, code((int)(k / (count ? count : 1)), rank, k % (count ? count : 1)), "all_to_all");

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "dcomm.h"
 
 static int me, np = 1, passed, failed;
@@ -84,79 +85,6 @@ static void *dalloc(size_t bytes) {
 static void up(void *d, const void *h, size_t n) { cu(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), "cudaMemcpy H2D"); }
 static void down(void *h, const void *d, size_t n) { cu(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost), "cudaMemcpy D2H"); }
 
-/* ---- element access for every dtype (host side) ---- */
-
-static uint16_t f2h(float f) {
-  uint32_t x;
-  memcpy(&x, &f, 4);
-  uint32_t sign = (x >> 16) & 0x8000u;
-  int e = (int)((x >> 23) & 0xff) - 127 + 15;
-  uint32_t m = x & 0x7fffffu;
-  if (((x >> 23) & 0xff) == 0 || e <= 0) return (uint16_t)sign;
-  if (e >= 31) return (uint16_t)(sign | 0x7c00u);
-  uint32_t h = sign | ((uint32_t)e << 10) | (m >> 13);
-  if (m & 0x1000u) h++;
-  return (uint16_t)h;
-}
-
-static float h2f(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
-  if (e == 0) {
-    float f = (float)m / 1024.0f / 16384.0f;
-    return sign ? -f : f;
-  }
-  if (e == 31) x = sign | 0x7f800000u | (m << 13);
-  else x = sign | ((e - 15 + 127) << 23) | (m << 13);
-  float f;
-  memcpy(&f, &x, 4);
-  return f;
-}
-
-static uint16_t f2bf(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-static float bf2f(uint16_t b) {
-  uint32_t u = (uint32_t)b << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-static void put(void *buf, dcomm_dtype_t dt, size_t i, double v) {
-  switch (dt) {
-  case DCOMM_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
-  case DCOMM_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-  case DCOMM_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
-  case DCOMM_UINT32: ((uint32_t *)buf)[i] = (uint32_t)v; break;
-  case DCOMM_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
-  case DCOMM_UINT64: ((uint64_t *)buf)[i] = (uint64_t)v; break;
-  case DCOMM_FLOAT16: ((uint16_t *)buf)[i] = f2h((float)v); break;
-  case DCOMM_BFLOAT16: ((uint16_t *)buf)[i] = f2bf((float)v); break;
-  case DCOMM_FLOAT32: ((float *)buf)[i] = (float)v; break;
-  case DCOMM_FLOAT64: ((double *)buf)[i] = v; break;
-  default: break;
-  }
-}
-
-static double get(const void *buf, dcomm_dtype_t dt, size_t i) {
-  switch (dt) {
-  case DCOMM_INT8: return ((const int8_t *)buf)[i];
-  case DCOMM_UINT8: return ((const uint8_t *)buf)[i];
-  case DCOMM_INT32: return ((const int32_t *)buf)[i];
-  case DCOMM_UINT32: return ((const uint32_t *)buf)[i];
-  case DCOMM_INT64: return (double)((const int64_t *)buf)[i];
-  case DCOMM_UINT64: return (double)((const uint64_t *)buf)[i];
-  case DCOMM_FLOAT16: return h2f(((const uint16_t *)buf)[i]);
-  case DCOMM_BFLOAT16: return bf2f(((const uint16_t *)buf)[i]);
-  case DCOMM_FLOAT32: return ((const float *)buf)[i];
-  case DCOMM_FLOAT64: return ((const double *)buf)[i];
-  default: return 0;
-  }
-}
-
 static int close_to(double a, double b) {
   double d = a > b ? a - b : b - a, m = b < 0 ? -b : b;
   return d <= 1e-3 * (m > 1 ? m : 1);
@@ -187,13 +115,13 @@ static void check_dtypes(void) {
     size_t es = dcomm_dtype_size((dcomm_dtype_t)dt), bad = 0;
     unsigned char *h = malloc(n * es);
     void *d = dalloc(n * es);
-    for (size_t i = 0; i < n; i++) put(h, (dcomm_dtype_t)dt, i, v_of(me, i));
+    for (size_t i = 0; i < n; i++) bench_put(h, (dcomm_dtype_t)dt, i, v_of(me, i));
     up(d, h, n * es);
     int rc = dcomm_all_reduce(d, n, (dcomm_dtype_t)dt, DCOMM_SUM, NULL);
     down(h, d, n * es);
     char note[128] = "";
     for (size_t i = 0; i < n; i++) {
-      double want = 0, got = get(h, (dcomm_dtype_t)dt, i);
+      double want = 0, got = bench_get(h, (dcomm_dtype_t)dt, i);
       for (int p = 0; p < np; p++) want += v_of(p, i);
       if (!close_to(got, want) && !bad++) snprintf(note, sizeof(note), "; first at %zu: got %g, want %g", i, got, want);
     }

@@ -81,8 +81,8 @@ else bad "dcomm_nccl.so does not export dcomm_backend_v1"; fi
 # gpu_shrink against the backend ABI (it loads dcomm_nccl.so itself).
 GPU_COLL=$LOGDIR/gpu_coll
 GPU_SHRINK=$LOGDIR/gpu_shrink
-if timeout "$(left 60)" gcc -I src -I "$CUDA/include" tests/gpu/gpu_coll.c -L.libs -ldcomm -L"$CUDA/lib64" -lcudart \
-  -Wl,-rpath,"$PWD/.libs" -o "$GPU_COLL" >"$LOGDIR/compile.log" 2>&1; then
+if timeout "$(left 60)" gcc -I src -I "$CUDA/include" tests/gpu/gpu_coll.c src/bench_util.c -L.libs -ldcomm -L"$CUDA/lib64" \
+  -lcudart -lm -Wl,-rpath,"$PWD/.libs" -o "$GPU_COLL" >"$LOGDIR/compile.log" 2>&1; then
   ok "compile tests/gpu/gpu_coll.c"
 else
   bad "compile tests/gpu/gpu_coll.c"; cat "$LOGDIR/compile.log"; finish

@@ -14,174 +14,23 @@
  * MPI_Barrier; -g splits MPI_COMM_WORLD with MPI_Comm_split.
  * float16 and bfloat16 have no MPI datatype and are refused.
  *
- *   mpicc -O2 tests/perf/mpi_bench.c -lm -o tests/perf/mpi_bench
+ * The options, the pattern, the loop and the rows are dcomm-bench's own
+ * (src/bench_util.c, which calls no dcomm function):
+ *   mpicc -O2 -Isrc tests/perf/mpi_bench.c src/bench_util.c -lm -o tests/perf/mpi_bench
  *   mpirun --allow-run-as-root --oversubscribe -np 4 tests/perf/mpi_bench -o all_reduce -b 8 -e 64M -f 4
  *
  * Exit status: 0 success, 1 an MPI call failed or a result was wrong,
  * 2 a usage error.
  */
-#include <errno.h>
 #include <limits.h>
-#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <mpi.h>
 
-enum bench_op { OP_ALL_REDUCE, OP_ALL_GATHER, OP_BROADCAST, OP_REDUCE_SCATTER, OP_ALL_TO_ALL, OP_BARRIER, OP_COUNT };
-
-static const char *const op_names[OP_COUNT] = {"all_reduce", "all_gather", "broadcast", "reduce_scatter", "all_to_all",
-                                               "barrier"};
-
-/* The element types, in dcomm's order; MPI has none for the two halves. */
-typedef enum { T_INT8, T_UINT8, T_INT32, T_UINT32, T_INT64, T_UINT64, T_FLOAT16, T_BFLOAT16, T_FLOAT32, T_FLOAT64 } bt_dtype;
-
-static const struct {
-  const char *name;
-  bt_dtype dt;
-  double exact; /* largest integer every value and sum must stay below */
-} dtypes[] = {
-    {"int8", T_INT8, 127},           {"uint8", T_UINT8, 255},
-    {"int32", T_INT32, 2147483647.0}, {"uint32", T_UINT32, 4294967295.0},
-    {"int64", T_INT64, 9.0e15},      {"uint64", T_UINT64, 9.0e15},
-    {"float16", T_FLOAT16, 2048},    {"bfloat16", T_BFLOAT16, 256},
-    {"float32", T_FLOAT32, 16777216}, {"float64", T_FLOAT64, 9.0e15},
-};
-#define NDTYPES (sizeof(dtypes) / sizeof(dtypes[0]))
-
-/* Other spellings accepted by -d. */
-static const struct {
-  const char *alias, *name;
-} dtype_aliases[] = {{"char", "int8"},    {"int", "int32"},    {"float", "float32"}, {"double", "float64"},
-                     {"half", "float16"}, {"fp16", "float16"}, {"bf16", "bfloat16"}, {"fp32", "float32"},
-                     {"fp64", "float64"}};
-
-struct opts {
-  int op;
-  size_t dti; /* index into dtypes */
-  size_t minb, maxb, factor;
-  long iters, warmup, group, check;
-};
-
-static int my_rank_env = -1; /* the rank mpirun gives, for usage errors before MPI_Init */
-
-static const char synopsis[] =
-    "usage: mpi_bench [-o OP] [-b MIN] [-e MAX] [-f FACTOR] [-d DTYPE] [-n ITERS] [-w WARMUP]\n"
-    "                 [-g GROUP-SIZE] [-c 0|1] [-h]\n";
-
-static void usage(FILE *f) {
-  fputs(synopsis, f);
-  fprintf(f,
-          "  -o OP      all_reduce (default), all_gather, broadcast, reduce_scatter, all_to_all, barrier\n"
-          "  -b MIN     smallest size in bytes, K/M/G suffixes (default 8)\n"
-          "  -e MAX     largest size in bytes (default 8M)\n"
-          "  -f FACTOR  multiply the size by FACTOR each step (default 2)\n"
-          "  -d DTYPE   int8 uint8 int32 uint32 int64 uint64 float32 (default) float64\n"
-          "  -n ITERS   timed iterations per size (default 20)\n"
-          "  -w WARMUP  untimed iterations per size (default 5)\n"
-          "  -g SIZE    run on sub-groups of SIZE consecutive ranks (default: the whole world)\n"
-          "  -c 0|1     check the results (default 1)\n"
-          "  -h         this text\n"
-          "Run it under mpirun, e.g.\n"
-          "  mpirun --allow-run-as-root --oversubscribe -np 4 tests/perf/mpi_bench -o all_reduce -b 8 -e 64M -f 4\n");
-}
-
-static void usage_error(const char *fmt, const char *arg) {
-  if (my_rank_env <= 0) {
-    fprintf(stderr, "mpi_bench: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n%s(mpi_bench -h for details)\n", synopsis);
-  }
-  exit(2);
-}
-
-/* Unsigned decimal with an optional K, M or G (powers of 1024) suffix. */
-static int parse_size(const char *s, size_t *out) {
-  if (!s || *s < '0' || *s > '9') return -1;
-  errno = 0;
-  char *end;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (errno) return -1;
-  unsigned shift = 0;
-  switch (*end) {
-    case 'k': case 'K': shift = 10; end++; break;
-    case 'm': case 'M': shift = 20; end++; break;
-    case 'g': case 'G': shift = 30; end++; break;
-    default: break;
-  }
-  if (*end == 'B' || *end == 'b') end++;
-  if (*end) return -1;
-  if (v > (SIZE_MAX >> shift)) return -1;
-  *out = (size_t)v << shift;
-  return 0;
-}
-
-static long parse_long(const char *s, const char *flag, long min) {
-  if (!s || *s < '0' || *s > '9') usage_error("%s needs a non-negative integer", flag);
-  errno = 0;
-  char *end;
-  long v = strtol(s, &end, 10);
-  if (errno || *end || v < min || v > 1000000000L) usage_error("bad value for %s", flag);
-  return v;
-}
-
-static void parse_args(int argc, char **argv, struct opts *o) {
-  *o = (struct opts){.op = OP_ALL_REDUCE, .dti = 8, .minb = 8, .maxb = 8u << 20, .factor = 2,
-                     .iters = 20, .warmup = 5, .group = 0, .check = 1};
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-      if (my_rank_env <= 0) usage(stdout);
-      exit(0);
-    }
-    if (a[0] != '-' || !a[1] || a[2]) usage_error("unknown argument '%s'", a);
-    if (i + 1 >= argc) usage_error("%s needs a value", a);
-    const char *v = argv[++i];
-    switch (a[1]) {
-      case 'o': {
-        int k;
-        for (k = 0; k < OP_COUNT && strcmp(v, op_names[k]); k++) {
-        }
-        if (k == OP_COUNT) usage_error("unknown operation '%s' (-o)", v);
-        o->op = k;
-        break;
-      }
-      case 'd': {
-        const char *name = v;
-        for (size_t k = 0; k < sizeof(dtype_aliases) / sizeof(dtype_aliases[0]); k++)
-          if (!strcmp(v, dtype_aliases[k].alias)) name = dtype_aliases[k].name;
-        size_t k;
-        for (k = 0; k < NDTYPES && strcmp(name, dtypes[k].name); k++) {
-        }
-        if (k == NDTYPES) usage_error("unknown dtype '%s' (-d)", v);
-        o->dti = k;
-        break;
-      }
-      case 'b':
-        if (parse_size(v, &o->minb) < 0 || o->minb == 0) usage_error("bad size '%s' for -b (bytes >= 1, K/M/G)", v);
-        break;
-      case 'e':
-        if (parse_size(v, &o->maxb) < 0 || o->maxb == 0) usage_error("bad size '%s' for -e (bytes >= 1, K/M/G)", v);
-        break;
-      case 'f':
-        if (parse_size(v, &o->factor) < 0 || o->factor < 1) usage_error("bad factor '%s' for -f", v);
-        break;
-      case 'n': o->iters = parse_long(v, "-n", 1); break;
-      case 'w': o->warmup = parse_long(v, "-w", 0); break;
-      case 'g': o->group = parse_long(v, "-g", 1); break;
-      case 'c':
-        o->check = parse_long(v, "-c", 0);
-        if (o->check > 1) usage_error("-c takes 0 or 1, not %s", v);
-        break;
-      default: usage_error("unknown option '%s'", a);
-    }
-  }
-  if (o->minb > o->maxb) usage_error("%s", "-b is larger than -e");
-  if (o->factor == 1 && o->minb != o->maxb) usage_error("%s", "-f 1 needs -b equal to -e");
-}
+#include "bench_util.h"
 
 static void die(const char *what, int rc) {
   char msg[MPI_MAX_ERROR_STRING] = "";
@@ -199,239 +48,78 @@ static void die(const char *what, int rc) {
     if (rc__ != MPI_SUCCESS) die(#call, rc__);   \
   } while (0)
 
-static MPI_Datatype mpi_type(bt_dtype dt) {
+/* MPI has no datatype for float16 and bfloat16. */
+static MPI_Datatype mpi_type(dcomm_dtype_t dt) {
   switch (dt) {
-    case T_INT8: return MPI_INT8_T;
-    case T_UINT8: return MPI_UINT8_T;
-    case T_INT32: return MPI_INT32_T;
-    case T_UINT32: return MPI_UINT32_T;
-    case T_INT64: return MPI_INT64_T;
-    case T_UINT64: return MPI_UINT64_T;
-    case T_FLOAT32: return MPI_FLOAT;
-    case T_FLOAT64: return MPI_DOUBLE;
+    case DCOMM_INT8: return MPI_INT8_T;
+    case DCOMM_UINT8: return MPI_UINT8_T;
+    case DCOMM_INT32: return MPI_INT32_T;
+    case DCOMM_UINT32: return MPI_UINT32_T;
+    case DCOMM_INT64: return MPI_INT64_T;
+    case DCOMM_UINT64: return MPI_UINT64_T;
+    case DCOMM_FLOAT32: return MPI_FLOAT;
+    case DCOMM_FLOAT64: return MPI_DOUBLE;
     default: return MPI_DATATYPE_NULL;
   }
 }
 
-static size_t dtype_size(bt_dtype dt) {
-  switch (dt) {
-    case T_INT8: case T_UINT8: return 1;
-    case T_FLOAT16: case T_BFLOAT16: return 2;
-    case T_INT32: case T_UINT32: case T_FLOAT32: return 4;
-    default: return 8;
-  }
-}
+/* --- the communication bench_loop measures --- */
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* --- element access for every dtype (values are small integers) --- */
-
-static uint16_t f32_to_f16(float f) {
-  uint32_t x;
-  memcpy(&x, &f, sizeof(x));
-  uint32_t sign = (x >> 16) & 0x8000u, m = x & 0x7fffffu;
-  int be = (int)((x >> 23) & 0xff);
-  if (be == 0xff) return (uint16_t)(sign | 0x7c00u | (m ? 0x200u : 0));
-  int e = be - 127 + 15;
-  if (e >= 31) return (uint16_t)(sign | 0x7c00u);
-  if (e <= 0) { /* subnormal half or zero */
-    if (e < -10) return (uint16_t)sign;
-    m |= 0x800000u;
-    unsigned shift = (unsigned)(14 - e);
-    uint32_t h = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (h & 1))) h++;
-    return (uint16_t)(sign | h);
-  }
-  uint32_t h = ((uint32_t)e << 10) | (m >> 13), rem = m & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++; /* a carry may round up to inf: right */
-  return (uint16_t)(sign | h);
-}
-
-static float f16_to_f32(uint16_t h) {
-  int e = (h >> 10) & 0x1f;
-  float m = (float)(h & 0x3ff), v;
-  if (e == 0) v = ldexpf(m, -24);
-  else if (e == 31) v = (h & 0x3ff) ? NAN : INFINITY;
-  else v = ldexpf(m + 1024.0f, e - 25);
-  return (h & 0x8000) ? -v : v;
-}
-
-static uint16_t f32_to_bf16(float f) {
-  uint32_t x;
-  memcpy(&x, &f, sizeof(x));
-  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40);
-  x += 0x7fffu + ((x >> 16) & 1);
-  return (uint16_t)(x >> 16);
-}
-
-static float bf16_to_f32(uint16_t b) {
-  uint32_t x = (uint32_t)b << 16;
-  float f;
-  memcpy(&f, &x, sizeof(f));
-  return f;
-}
-
-static void put(bt_dtype dt, void *buf, size_t i, double v) {
-  switch (dt) {
-    case T_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
-    case T_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-    case T_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case T_UINT32: ((uint32_t *)buf)[i] = (uint32_t)v; break;
-    case T_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case T_UINT64: ((uint64_t *)buf)[i] = (uint64_t)v; break;
-    case T_FLOAT16: ((uint16_t *)buf)[i] = f32_to_f16((float)v); break;
-    case T_BFLOAT16: ((uint16_t *)buf)[i] = f32_to_bf16((float)v); break;
-    case T_FLOAT32: ((float *)buf)[i] = (float)v; break;
-    case T_FLOAT64: ((double *)buf)[i] = v; break;
-    default: break;
-  }
-}
-
-static double get(bt_dtype dt, const void *buf, size_t i) {
-  switch (dt) {
-    case T_INT8: return ((const int8_t *)buf)[i];
-    case T_UINT8: return ((const uint8_t *)buf)[i];
-    case T_INT32: return ((const int32_t *)buf)[i];
-    case T_UINT32: return ((const uint32_t *)buf)[i];
-    case T_INT64: return (double)((const int64_t *)buf)[i];
-    case T_UINT64: return (double)((const uint64_t *)buf)[i];
-    case T_FLOAT16: return f16_to_f32(((const uint16_t *)buf)[i]);
-    case T_BFLOAT16: return bf16_to_f32(((const uint16_t *)buf)[i]);
-    case T_FLOAT32: return ((const float *)buf)[i];
-    case T_FLOAT64: return ((const double *)buf)[i];
-    default: return NAN;
-  }
-}
-
-/* The input pattern: element k of group rank r's buffer. Values lie in
- * [0, mod) with mod * group size below the dtype's exact-integer limit, so
- * every sum is exact and no integer type overflows. */
-static uint64_t pat_mod = 1;
-static double pat(int r, size_t k) { return (double)(((uint64_t)k * 7u + (uint64_t)r * 13u + 1u) % pat_mod); }
-
-static void fill(bt_dtype dt, void *buf, size_t n, int r, size_t k0) {
-  for (size_t i = 0; i < n; i++) put(dt, buf, i, pat(r, k0 + i));
-}
-
-/* Sum over the n ranks of element k, as the reduction computes it. */
-static double sum_pat(int n, size_t k) {
-  double s = 0;
-  for (int r = 0; r < n; r++) s += pat(r, k);
-  return s;
-}
-
-struct run {
-  int op;
-  bt_dtype dt;
-  size_t es, count; /* count: what the call takes */
-  int grank, gsize;
+struct comm {
   MPI_Comm g;
   MPI_Datatype mdt;
-  void *sbuf, *rbuf;
 };
 
-static int run_once(const struct run *x) {
+static int coll(const struct bench_run *x, const struct comm *m) {
   int c = (int)x->count; /* main keeps every count below INT_MAX */
   switch (x->op) {
-    case OP_ALL_REDUCE: return MPI_Allreduce(MPI_IN_PLACE, x->rbuf, c, x->mdt, MPI_SUM, x->g);
-    case OP_ALL_GATHER: return MPI_Allgather(x->sbuf, c, x->mdt, x->rbuf, c, x->mdt, x->g);
-    case OP_BROADCAST: return MPI_Bcast(x->rbuf, c, x->mdt, 0, x->g);
-    case OP_REDUCE_SCATTER: return MPI_Reduce_scatter_block(x->sbuf, x->rbuf, c, x->mdt, MPI_SUM, x->g);
-    case OP_ALL_TO_ALL: return MPI_Alltoall(x->sbuf, c, x->mdt, x->rbuf, c, x->mdt, x->g);
-    case OP_BARRIER: return MPI_Barrier(x->g);
+    case OP_ALL_REDUCE: return MPI_Allreduce(MPI_IN_PLACE, x->rbuf, c, m->mdt, MPI_SUM, m->g);
+    case OP_ALL_GATHER: return MPI_Allgather(x->sbuf, c, m->mdt, x->rbuf, c, m->mdt, m->g);
+    case OP_BROADCAST: return MPI_Bcast(x->rbuf, c, m->mdt, 0, m->g);
+    case OP_REDUCE_SCATTER: return MPI_Reduce_scatter_block(x->sbuf, x->rbuf, c, m->mdt, MPI_SUM, m->g);
+    case OP_ALL_TO_ALL: return MPI_Alltoall(x->sbuf, c, m->mdt, x->rbuf, c, m->mdt, m->g);
+    case OP_BARRIER: return MPI_Barrier(m->g);
     default: return MPI_ERR_ARG;
   }
 }
 
-/* Fills the inputs from the pattern (the result buffer with this rank's
- * values too, so a collective that does not write it is caught). */
-static void prepare(const struct run *x) {
-  size_t c = x->count, n = (size_t)x->gsize;
-  switch (x->op) {
-    case OP_ALL_REDUCE:
-    case OP_BROADCAST: fill(x->dt, x->rbuf, c, x->grank, 0); break;
-    case OP_ALL_GATHER:
-      fill(x->dt, x->sbuf, c, x->grank, 0);
-      fill(x->dt, x->rbuf, c * n, x->grank, c);
-      break;
-    case OP_REDUCE_SCATTER:
-      fill(x->dt, x->sbuf, c * n, x->grank, 0);
-      fill(x->dt, x->rbuf, c, x->grank, 1);
-      break;
-    case OP_ALL_TO_ALL:
-      fill(x->dt, x->sbuf, c * n, x->grank, 0);
-      fill(x->dt, x->rbuf, c * n, x->grank, 1);
-      break;
-    default: break;
-  }
+static void run_once(void *ctx, const struct bench_run *x) {
+  int rc = coll(x, ctx);
+  if (rc != MPI_SUCCESS) die("run_once(&x)", rc);
 }
 
-/* Wrong elements of this rank's result. */
-static uint64_t verify(const struct run *x) {
-  size_t c = x->count, n = (size_t)x->gsize;
-  int me = x->grank;
-  uint64_t bad = 0;
-  switch (x->op) {
-    case OP_ALL_REDUCE:
-      for (size_t i = 0; i < c; i++) bad += get(x->dt, x->rbuf, i) != sum_pat(x->gsize, i);
-      break;
-    case OP_BROADCAST:
-      for (size_t i = 0; i < c; i++) bad += get(x->dt, x->rbuf, i) != pat(0, i);
-      break;
-    case OP_ALL_GATHER:
-      for (size_t j = 0; j < n; j++)
-        for (size_t i = 0; i < c; i++) bad += get(x->dt, x->rbuf, j * c + i) != pat((int)j, i);
-      break;
-    case OP_REDUCE_SCATTER:
-      for (size_t i = 0; i < c; i++) bad += get(x->dt, x->rbuf, i) != sum_pat(x->gsize, (size_t)me * c + i);
-      break;
-    case OP_ALL_TO_ALL:
-      for (size_t j = 0; j < n; j++)
-        for (size_t i = 0; i < c; i++) bad += get(x->dt, x->rbuf, j * c + i) != pat((int)j, (size_t)me * c + i);
-      break;
-    default: break;
-  }
-  return bad;
+static int64_t sum_world(void *ctx, int64_t v) {
+  (void)ctx;
+  CHECK(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
+  return v;
 }
 
-/* nccl-tests' bus bandwidth factor. */
-static double bus_factor(int op, int n) {
-  switch (op) {
-    case OP_ALL_REDUCE: return 2.0 * (n - 1) / n;
-    case OP_ALL_GATHER:
-    case OP_REDUCE_SCATTER:
-    case OP_ALL_TO_ALL: return (double)(n - 1) / n;
-    case OP_BROADCAST: return 1.0;
-    default: return 0.0;
-  }
+static double max_world(void *ctx, double v) {
+  (void)ctx;
+  CHECK(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+  return v;
 }
 
-/* Element count of the call and the reported size for a requested size. */
-static void shape(int op, size_t bytes, size_t es, int n, size_t *count, size_t *size) {
-  size_t elems = bytes / es;
-  switch (op) {
-    case OP_ALL_REDUCE:
-    case OP_BROADCAST: *count = elems; *size = elems * es; break;
-    case OP_ALL_GATHER:
-    case OP_REDUCE_SCATTER:
-    case OP_ALL_TO_ALL: *count = elems / (size_t)n; *size = *count * (size_t)n * es; break;
-    default: *count = 0; *size = 0; break;
-  }
+static void barrier_world(void *ctx) {
+  (void)ctx;
+  CHECK(MPI_Barrier(MPI_COMM_WORLD));
 }
 
 int main(int argc, char **argv) {
+  struct bench_prog prog = {
+      .name = "mpi_bench",
+      .dtypes = "int8 uint8 int32 uint32 int64 uint64 float32 (default) float64",
+      .run_hint = "Run it under mpirun, e.g.\n"
+                  "  mpirun --allow-run-as-root --oversubscribe -np 4 tests/perf/mpi_bench -o all_reduce -b 8 -e 64M -f 4\n",
+      .rank_env = -1}; /* the rank mpirun gives, for usage errors before MPI_Init */
   const char *re = getenv("OMPI_COMM_WORLD_RANK");
   if (!re || !*re) re = getenv("PMI_RANK");
-  if (re && *re) my_rank_env = atoi(re);
-  struct opts o;
-  parse_args(argc, argv, &o);
-  bt_dtype dt = dtypes[o.dti].dt;
-  size_t es = dtype_size(dt);
-  if (mpi_type(dt) == MPI_DATATYPE_NULL) usage_error("MPI has no datatype for %s", dtypes[o.dti].name);
+  if (re && *re) prog.rank_env = atoi(re);
+  struct bench_opts o;
+  bench_parse_args(&prog, argc, argv, &o);
+  dcomm_dtype_t dt = bench_dtypes[o.dti].dt;
+  size_t es = bench_dtypes[o.dti].size;
+  if (mpi_type(dt) == MPI_DATATYPE_NULL) bench_usage_error("MPI has no datatype for %s", bench_dtypes[o.dti].name);
 
   CHECK(MPI_Init(&argc, &argv));
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
@@ -444,31 +132,22 @@ int main(int argc, char **argv) {
     MPI_Finalize();
     return 2;
   }
-  struct run x = {.op = o.op, .dt = dt, .es = es, .mdt = mpi_type(dt), .g = MPI_COMM_WORLD};
+  struct bench_run x = {.op = o.op, .dt = dt, .es = es};
+  struct comm m = {.g = MPI_COMM_WORLD, .mdt = mpi_type(dt)};
   if (G != wsize) {
-    CHECK(MPI_Comm_split(MPI_COMM_WORLD, wrank / G, wrank, &x.g));
-    MPI_Comm_set_errhandler(x.g, MPI_ERRORS_RETURN);
+    CHECK(MPI_Comm_split(MPI_COMM_WORLD, wrank / G, wrank, &m.g));
+    MPI_Comm_set_errhandler(m.g, MPI_ERRORS_RETURN);
   }
-  MPI_Comm_rank(x.g, &x.grank);
-  MPI_Comm_size(x.g, &x.gsize);
-
-  double lim = dtypes[o.dti].exact / x.gsize;
-  pat_mod = lim >= 1021 ? 1021 : lim >= 1 ? (uint64_t)lim : 1;
+  MPI_Comm_rank(m.g, &x.grank);
+  MPI_Comm_size(m.g, &x.gsize);
 
   /* Buffers for the largest size. */
-  size_t maxcount = 0, maxsize = 0, sbytes = 0, rbytes = 0;
-  shape(o.op, o.maxb, es, x.gsize, &maxcount, &maxsize);
+  size_t maxcount, sbytes, rbytes;
+  bench_buffer_bytes(&o, es, x.gsize, &maxcount, &sbytes, &rbytes);
   if (maxcount > INT_MAX) {
     if (wrank == 0) fprintf(stderr, "mpi_bench: -e %zu needs a count above INT_MAX\n", o.maxb);
     MPI_Finalize();
     return 2;
-  }
-  switch (o.op) {
-    case OP_ALL_REDUCE: case OP_BROADCAST: rbytes = maxsize; break;
-    case OP_ALL_GATHER: sbytes = maxcount * es; rbytes = maxsize; break;
-    case OP_REDUCE_SCATTER: sbytes = maxsize; rbytes = maxcount * es; break;
-    case OP_ALL_TO_ALL: sbytes = rbytes = maxsize; break;
-    default: break;
   }
   x.sbuf = malloc(sbytes ? sbytes : 1);
   x.rbuf = malloc(rbytes ? rbytes : 1);
@@ -487,64 +166,13 @@ int main(int argc, char **argv) {
     nl = strchr(lib, ',');
     if (nl) *nl = 0;
     printf("# mpi_bench (%s)\n", lib);
-    printf("# op %s  dtype %s  redop %s  world size %d  group size %d (%d group%s)  iters %ld  warmup %ld  check %ld\n",
-           op_names[o.op], dtypes[o.dti].name, (o.op == OP_ALL_REDUCE || o.op == OP_REDUCE_SCATTER) ? "sum" : "none",
-           wsize, x.gsize, wsize / x.gsize, wsize / x.gsize == 1 ? "" : "s", o.iters, o.warmup, o.check);
-    printf("#%11s %13s %9s %12s %11s %11s %7s\n", "size", "count", "type", "time_us", "algbw_GBps", "busbw_GBps",
-           "errors");
-    fflush(stdout);
+    bench_print_config(&o, wsize, x.gsize);
+    bench_print_columns();
   }
 
-  uint64_t total_errors = 0;
-  double busbw_sum = 0;
-  int rows = 0;
-  size_t prev_size = (size_t)-1;
-  for (size_t b = o.minb;;) {
-    size_t size = 0;
-    shape(o.op, b, es, x.gsize, &x.count, &size);
-    int skip = o.op != OP_BARRIER && x.count == 0;
-    if (o.op == OP_BARRIER && rows > 0) break; /* sizes mean nothing to a barrier */
-    if (skip || size == prev_size) {
-      if (wrank == 0 && skip)
-        printf("# %zu bytes: less than one element per rank, skipped\n", b);
-    } else {
-      prev_size = size;
-      char errs[24] = "N/A";
-      if (o.check) {
-        prepare(&x);
-        CHECK(run_once(&x));
-        int64_t bad = (int64_t)verify(&x);
-        CHECK(MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
-        total_errors += (uint64_t)bad;
-        snprintf(errs, sizeof(errs), "%lld", (long long)bad);
-      } else {
-        prepare(&x);
-      }
-      for (long i = 0; i < o.warmup; i++) CHECK(run_once(&x));
-      CHECK(MPI_Barrier(MPI_COMM_WORLD));
-      double t0 = now_s();
-      for (long i = 0; i < o.iters; i++) CHECK(run_once(&x));
-      double t = (now_s() - t0) / (double)o.iters;
-      CHECK(MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
-      double algbw = (double)size / t / 1e9, busbw = algbw * bus_factor(o.op, x.gsize);
-      busbw_sum += busbw;
-      rows++;
-      if (wrank == 0) {
-        printf("%12zu %13zu %9s %12.2f %11.4f %11.4f %7s\n", size, x.count, dtypes[o.dti].name, t * 1e6, algbw, busbw,
-               errs);
-        fflush(stdout);
-      }
-    }
-    if (b >= o.maxb || o.factor == 1) break;
-    b = b > o.maxb / o.factor ? o.maxb : b * o.factor; /* the last step is MAX itself */
-  }
-  if (wrank == 0) {
-    if (rows && o.op != OP_BARRIER) printf("# avg busbw_GBps: %.4f\n", busbw_sum / rows);
-    printf("# wrong elements: %llu%s\n", (unsigned long long)total_errors,
-           o.check ? (total_errors ? "  FAILED" : "") : " (not checked)");
-    fflush(stdout);
-  }
-  if (x.g != MPI_COMM_WORLD) MPI_Comm_free(&x.g);
+  const struct bench_comm comm = {run_once, sum_world, max_world, barrier_world, &m};
+  uint64_t total_errors = bench_loop(&o, &x, &comm, wrank == 0);
+  if (m.g != MPI_COMM_WORLD) MPI_Comm_free(&m.g);
   free(x.sbuf);
   free(x.rbuf);
   MPI_Finalize();
