@@ -279,7 +279,27 @@ else
   notok "the three-member etcd cluster did not start" "$work"/etcd-m1-*.log
 fi
 
-# ---- 9: etcd with authentication: the agents and workers log in ----
+# ---- 9, 10: one worker dies on a live node: shrink, then replace ----
+for pol in shrink replace; do
+  n=$((n + 1)); ckdir=$work/w$pol
+  want=3; [ $pol = replace ] && want=4
+  timeout -s KILL 150 in_ns_exec 1 "$run" --rdzv-backend etcd --rdzv-endpoint "$ep" --rdzv-id "job-$pol" --nnodes 2 \
+    --nproc-per-node 2 --restart-policy $pol -- "$sgd" --steps $steps --checkpoint-every 5 --checkpoint-dir "$ckdir" \
+    --kill-rank 1 --kill-at-step 23 >"$work/w$pol-a.out" 2>"$work/w$pol-a.err" &
+  a=$!; pids+=("$a")
+  start_node 2 "job-$pol" 2 "$ep" "$work/w$pol-b"; b=$node_pid
+  wait $a; ra=$?; wait $b; rb=$?
+  f=$(final "$work/w$pol-a.out")$(final "$work/w$pol-b.out")
+  rec=$(cat "$work/w$pol-a.out" "$work/w$pol-b.out" | grep -o 'recovered: world 4 -> [0-9]*, generation [0-9]*, in [0-9.]* s' | head -1)
+  if [ $ra$rb = 00 ] && echo "$f" | grep -q "world=$want generation=2 " && same_loss "$(echo "$f" | sed 's/.*loss=//')" "$ref" &&
+    ! left_behind; then
+    ok "a worker killed on a live node, --restart-policy $pol: world $want, right loss ($rec)"
+  else
+    notok "worker death, $pol (exit $ra $rb; '$f')" "$work/w$pol-a.err" "$work/w$pol-b.err"
+  fi
+done
+
+# ---- etcd with authentication: the agents and workers log in ----
 n=$((n + 1)); ckdir=$work/c9
 ca=$((base + 20))
 start_etcd a1 $ca $((ca + 1)) "a1=http://$ehost:$((ca + 1))" auth
@@ -307,7 +327,7 @@ else
   notok "the etcd server for the authentication case did not start" "$work"/etcd-a1-*.log
 fi
 
-# ---- 10: etcd over TLS with client certificates ----
+# ---- etcd over TLS with client certificates ----
 n=$((n + 1)); ckdir=$work/c10
 ct=$((base + 30))
 if command -v openssl >/dev/null && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
