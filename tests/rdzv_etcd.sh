@@ -86,10 +86,11 @@ loss_of() { final "$1" | sed 's/.*loss=//'; }
 same_loss() { awk -v a="$1" -v b="$2" 'BEGIN{d=a-b; if(d<0)d=-d; exit !(a != "" && d <= 1e-6 * (b<0?-b:b))}'; }
 
 # start_node NODE JOB NNODES ENDPOINTS OUT [sgd options] -> pid in $node_pid
+# (RUN_OPTS: more dcomm-run options)
 start_node() {
   local node=$1 job=$2 nn=$3 eps=$4 out=$5; shift 5
   timeout -s KILL 150 in_ns_exec "$node" "$run" --rdzv-backend etcd --rdzv-endpoint "$eps" \
-    --rdzv-id "$job" --nnodes "$nn" --nproc-per-node 2 -- "$sgd" --steps $steps --checkpoint-every 5 \
+    --rdzv-id "$job" --nnodes "$nn" --nproc-per-node 2 ${RUN_OPTS:-} -- "$sgd" --steps $steps --checkpoint-every 5 \
     --checkpoint-dir "$ckdir" "$@" >"$out.out" 2>"$out.err" &
   node_pid=$!
   pids+=("$node_pid")
@@ -283,11 +284,11 @@ fi
 for pol in shrink replace; do
   n=$((n + 1)); ckdir=$work/w$pol
   want=3; [ $pol = replace ] && want=4
-  timeout -s KILL 150 in_ns_exec 1 "$run" --rdzv-backend etcd --rdzv-endpoint "$ep" --rdzv-id "job-$pol" --nnodes 2 \
-    --nproc-per-node 2 --restart-policy $pol -- "$sgd" --steps $steps --checkpoint-every 5 --checkpoint-dir "$ckdir" \
-    --kill-rank 1 --kill-at-step 23 >"$work/w$pol-a.out" 2>"$work/w$pol-a.err" &
-  a=$!; pids+=("$a")
-  start_node 2 "job-$pol" 2 "$ep" "$work/w$pol-b"; b=$node_pid
+  # Both nodes get the flag: rank 1 is on whichever node took slot 1.
+  RUN_OPTS="--restart-policy $pol" start_node 1 "job-$pol" 2 "$ep" "$work/w$pol-a" --kill-rank 1 --kill-at-step 23
+  a=$node_pid
+  RUN_OPTS="--restart-policy $pol" start_node 2 "job-$pol" 2 "$ep" "$work/w$pol-b" --kill-rank 1 --kill-at-step 23
+  b=$node_pid
   wait $a; ra=$?; wait $b; rb=$?
   f=$(final "$work/w$pol-a.out")$(final "$work/w$pol-b.out")
   rec=$(cat "$work/w$pol-a.out" "$work/w$pol-b.out" | grep -o 'recovered: world 4 -> [0-9]*, generation [0-9]*, in [0-9.]* s' | head -1)
