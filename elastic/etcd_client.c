@@ -946,27 +946,16 @@ int dcomm__etcd_cas(struct dcomm_etcd *c, const char *key, int64_t mod_revision,
                     done, current);
 }
 
-int dcomm__etcd_puts_if(struct dcomm_etcd *c, const char *key, int64_t mod_revision, const struct dcomm_etcd_put *puts,
-                        size_t n, int *done) {
-  const char *what = "txn puts-if";
-  if (done) *done = 0;
-  DCOMM_CHECK(check_key(c, key, what));
-  if (!puts || n == 0) return dcomm__err(DCOMM_EINVAL, "etcd %s: no puts", what);
-  for (size_t i = 0; i < n; i++) {
-    DCOMM_CHECK(check_key(c, puts[i].key, what));
-    if (puts[i].len && !puts[i].val) return dcomm__err(DCOMM_EINVAL, "etcd %s: NULL value", what);
-  }
-  json_t *ops = json_array();
+/* if (key's mod_revision == mod_revision) ops, nothing otherwise; *done
+ * says which. Consumes ops (an array of request objects, NULL when
+ * building it failed). */
+static int txn_ops_if_mod(struct dcomm_etcd *c, const char *what, const char *key, int64_t mod_revision, json_t *ops,
+                          int *done) {
   json_t *cmp = cmp_i64("MOD", "mod_revision", mod_revision);
-  int fail = !ops || !cmp || jset_b64(cmp, "key", key, strlen(key));
-  for (size_t i = 0; i < n && !fail; i++) {
-    json_t *po = put_obj(puts[i].key, puts[i].val, puts[i].len, puts[i].lease);
-    fail = !po || json_array_append_new(ops, json_pack("{s:o}", "request_put", po)) != 0;
-  }
   json_t *req = NULL;
-  if (!fail) {
+  if (ops && cmp && jset_b64(cmp, "key", key, strlen(key)) == 0) {
     req = json_pack("{s:[o], s:o}", "compare", cmp, "success", ops);
-    cmp = ops = NULL;
+    cmp = ops = NULL; /* json_pack's "o" took them, even on failure */
   }
   json_decref(cmp);
   json_decref(ops);
@@ -979,26 +968,35 @@ int dcomm__etcd_puts_if(struct dcomm_etcd *c, const char *key, int64_t mod_revis
   return rc;
 }
 
+int dcomm__etcd_puts_if(struct dcomm_etcd *c, const char *key, int64_t mod_revision, const struct dcomm_etcd_put *puts,
+                        size_t n, int *done) {
+  const char *what = "txn puts-if";
+  if (done) *done = 0;
+  DCOMM_CHECK(check_key(c, key, what));
+  if (!puts || n == 0) return dcomm__err(DCOMM_EINVAL, "etcd %s: no puts", what);
+  for (size_t i = 0; i < n; i++) {
+    DCOMM_CHECK(check_key(c, puts[i].key, what));
+    if (puts[i].len && !puts[i].val) return dcomm__err(DCOMM_EINVAL, "etcd %s: NULL value", what);
+  }
+  json_t *ops = json_array();
+  for (size_t i = 0; i < n && ops; i++) {
+    json_t *po = put_obj(puts[i].key, puts[i].val, puts[i].len, puts[i].lease);
+    if (!po || json_array_append_new(ops, json_pack("{s:o}", "request_put", po)) != 0) {
+      json_decref(ops);
+      ops = NULL;
+    }
+  }
+  return txn_ops_if_mod(c, what, key, mod_revision, ops, done);
+}
+
 int dcomm__etcd_delete_prefix_if(struct dcomm_etcd *c, const char *prefix, const char *key, int64_t mod_revision,
                                  int *done) {
   const char *what = "txn delete-if";
   if (done) *done = 0;
   DCOMM_CHECK(check_key(c, key, what));
   if (!prefix || !*prefix) return dcomm__err(DCOMM_EINVAL, "etcd %s: empty prefix", what);
-  json_t *cmp = cmp_i64("MOD", "mod_revision", mod_revision);
-  json_t *req = NULL;
-  if (cmp && jset_b64(cmp, "key", key, strlen(key)) == 0) {
-    req = json_pack("{s:[o], s:[{s:o}]}", "compare", cmp, "success", "request_delete_range", range_obj(prefix, 1));
-    cmp = NULL;
-  }
-  json_decref(cmp);
-  json_t *resp;
-  DCOMM_CHECK(call(c, what, "/v3/kv/txn", req, -1, 0, &resp));
-  int ok = 0;
-  int rc = j_bool(resp, "succeeded", &ok, what);
-  json_decref(resp);
-  if (rc == 0 && done) *done = ok;
-  return rc;
+  json_t *ops = json_pack("[{s:o}]", "request_delete_range", range_obj(prefix, 1));
+  return txn_ops_if_mod(c, what, key, mod_revision, ops, done);
 }
 
 int dcomm__etcd_cas_value(struct dcomm_etcd *c, const char *key, const void *expected, size_t elen, const void *val,

@@ -52,18 +52,23 @@ static int cmp_joiner(const void *a, const void *b) {
   return x->ticket < y->ticket ? -1 : x->ticket > y->ticket;
 }
 
-static long get_long(struct dcomm_store *s, const char *key, long dflt) {
+/* A short text value, NUL-terminated in buf, if the key is set now and
+ * fits; 1 found, 0 not. */
+static int get_text(struct dcomm_store *s, const char *key, char *buf, size_t n) {
   void *val = NULL;
   size_t len = 0;
-  long v = dflt;
-  if (dcomm__store_get(s, key, 0.001, &val, &len) == 0 && len > 0 && len < 32) {
-    char buf[32];
+  int found = dcomm__store_get(s, key, 0.001, &val, &len) == 0 && len > 0 && len < n;
+  if (found) {
     memcpy(buf, val, len);
     buf[len] = 0;
-    v = strtol(buf, NULL, 10);
   }
   free(val);
-  return v;
+  return found;
+}
+
+static long get_long(struct dcomm_store *s, const char *key, long dflt) {
+  char buf[32];
+  return get_text(s, key, buf, sizeof(buf)) ? strtol(buf, NULL, 10) : dflt;
 }
 
 /* What the launchers say: live nodes and the workers they run. */
@@ -82,33 +87,18 @@ static void read_launchers(struct dcomm_store *s, struct launchers *l) {
   memset(l, 0, sizeof(*l));
   long slots = get_long(s, "rdzv/agents/n", 0);
   if (slots >= DCOMM_MAX_SLOTS) slots = DCOMM_MAX_SLOTS - 1;
+  char key[64], buf[512];
   for (long i = 1; i <= slots; i++) {
-    char key[64];
-    void *val = NULL;
-    size_t len = 0;
+    long live = 0;
     snprintf(key, sizeof(key), "rdzv/agent/%ld", i);
-    if (dcomm__store_get(s, key, 0.001, &val, &len) == 0 && len > 0 && len < 512) {
-      char buf[512];
-      long live = 0;
-      memcpy(buf, val, len);
-      buf[len] = 0;
-      if (sscanf(buf, "%ld", &live) == 1 && live >= 0) {
-        l->nodes++;
-        l->workers += live;
-        l->live_slot[i] = 1;
-      }
+    if (get_text(s, key, buf, sizeof(buf)) && sscanf(buf, "%ld", &live) == 1 && live >= 0) {
+      l->nodes++;
+      l->workers += live;
+      l->live_slot[i] = 1;
     }
-    free(val);
   }
-  void *val = NULL;
-  size_t len = 0;
-  if (dcomm__store_get(s, "rdzv/nnodes", 0.001, &val, &len) == 0 && len > 0 && len < 64) {
-    char buf[64];
-    memcpy(buf, val, len);
-    buf[len] = 0;
-    if (sscanf(buf, "%d %d", &l->min_nodes, &l->max_nodes) != 2) l->min_nodes = l->max_nodes = 0;
-  }
-  free(val);
+  if (get_text(s, "rdzv/nnodes", buf, sizeof(buf)) && sscanf(buf, "%d %d", &l->min_nodes, &l->max_nodes) != 2)
+    l->min_nodes = l->max_nodes = 0;
 }
 
 /* With a maximum node count, only members of the first max_nodes nodes
