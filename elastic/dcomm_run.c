@@ -254,7 +254,8 @@ static struct run_worker *spawn_one(struct agent *a, int rank, int local_rank, i
                       .world = a->o.nproc,
                       .local_rank = local_rank,
                       .restart_count = a->restarts,
-                      .max_restarts = a->o.max_restarts};
+                      .max_restarts = a->o.max_restarts,
+                      .cpu = run_bind_cpu(a->o.bind, a->o.nproc, local_rank)};
   if (run_spawn(w, rank, join, &e, a->o.argv, &a->child_mask) < 0) {
     free(w);
     return NULL;

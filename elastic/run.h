@@ -12,8 +12,11 @@
 
 enum run_policy { RUN_SHRINK, RUN_REPLACE, RUN_ALL };
 
+enum run_bind { RUN_BIND_AUTO = 0, RUN_BIND_CORE, RUN_BIND_NONE };
+
 struct run_opts {
   int nproc;             /* --nproc-per-node */
+  enum run_bind bind;    /* --bind-to */
   enum run_policy policy; /* --restart-policy */
   int max_restarts;      /* --max-restarts */
   int min_nproc;         /* --min-nproc */
@@ -71,7 +74,11 @@ struct run_env {
   int local_rank;    /* LOCAL_RANK: a replacement takes its predecessor's slot */
   int restart_count; /* DCOMM_RESTART_COUNT */
   int max_restarts;
+  int cpu;           /* the processor to bind the worker to, or -1 */
 };
+
+/* run_bind.c: the processor for the worker of local_rank, or -1 (unbound). */
+int run_bind_cpu(enum run_bind mode, int nproc, int local_rank);
 
 /* Starts one worker (fork + exec of argv[0], searched in PATH) with its
  * output piped back; join 1 adds DCOMM_ELASTIC_JOIN=1. child_mask is the

@@ -40,6 +40,9 @@ static const char usage_text[] =
     "  --rdzv-endpoint HOST:PORT static: where the store listens (default 127.0.0.1\n"
     "                            and a free port); etcd: H1:P1,H2:P2 (required)\n"
     "  --rdzv-id ID              job id (default dcomm-<8 hex>; required with etcd)\n"
+    "  --bind-to core|none|auto  bind each worker to a processor of its own (core),\n"
+    "                            or not (none); auto (the default) binds when\n"
+    "                            every worker of the node gets its own processor\n"
     "  --quiet-prefix            print worker output without the [rank]: prefix\n"
     "  -h, --help                this text\n";
 
@@ -114,7 +117,8 @@ static int parse_nnodes(const char *s, int *min, int *max) {
 
 /* Options that take a value; the name is normalized to dashes. */
 static const char *const valued[] = {"nproc-per-node", "restart-policy", "max-restarts", "min-nproc", "nnodes",
-                                     "rdzv-backend",   "rdzv-endpoint",  "rdzv-id",      NULL};
+                                     "rdzv-backend",   "rdzv-endpoint",  "rdzv-id",      "bind-to",
+                                     NULL};
 
 static int takes_value(const char *name) {
   for (int i = 0; valued[i]; i++)
@@ -180,6 +184,11 @@ int run_parse_args(int argc, char **argv, struct run_opts *o, int *exit_code) {
     } else if (!strcmp(name, "nnodes")) {
       if (parse_nnodes(val, &o->min_nodes, &o->max_nodes) < 0)
         return usage_error(exit_code, "--nnodes '%s': expected N or MIN:MAX with 1 <= MIN <= MAX", val);
+    } else if (!strcmp(name, "bind-to")) {
+      if (!strcmp(val, "core")) o->bind = RUN_BIND_CORE;
+      else if (!strcmp(val, "none")) o->bind = RUN_BIND_NONE;
+      else if (!strcmp(val, "auto")) o->bind = RUN_BIND_AUTO;
+      else return usage_error(exit_code, "--bind-to '%s': expected core, none or auto", val);
     } else if (!strcmp(name, "rdzv-backend")) {
       if (!strcmp(val, "etcd")) o->etcd = 1;
       else if (!strcmp(val, "static")) o->etcd = 0;

@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -259,8 +260,9 @@ static int build_env(struct envbuf *e, int rank, int join, const char *member, c
 
 /* Child side, after fork: async-signal-safe calls only. */
 static void child_exec(pid_t agent, int out_w, int err_w, char **argv, char **envp, const sigset_t *mask,
-                       const char *errmsg, size_t errlen) {
+                       const cpu_set_t *cpus, const char *errmsg, size_t errlen) {
   signal(SIGPIPE, SIG_DFL); /* the agent ignores it; exec would keep that */
+  if (cpus && sched_setaffinity(0, sizeof(*cpus), cpus) != 0) { /* run unbound rather than not at all */ }
   sigprocmask(SIG_SETMASK, mask, NULL);
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) _exit(127);
   if (getppid() != agent) _exit(127); /* the agent died before prctl took effect */
@@ -310,9 +312,12 @@ int run_spawn(struct run_worker *w, int rank, int join, const struct run_env *re
     run_log("cannot start worker %d: pipe: %s", rank, strerror(e));
     return -1;
   }
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  if (re->cpu >= 0) CPU_SET(re->cpu, &cpus);
   pid_t agent = getpid();
   pid_t pid = fork();
-  if (pid == 0) child_exec(agent, po[1], pe[1], argv, env.v, child_mask, errmsg, errlen);
+  if (pid == 0) child_exec(agent, po[1], pe[1], argv, env.v, child_mask, re->cpu >= 0 ? &cpus : NULL, errmsg, errlen);
   int e = errno;
   close(po[1]);
   close(pe[1]);

@@ -1,6 +1,6 @@
-# tests/lib.sh: shell helpers shared by the scheduler test scripts
-# (pmix_mpirun.sh, slurm_cluster.sh). Source it after setting T (the
-# script's temp dir). It gives:
+# tests/lib.sh: shell helpers shared by the launcher and scheduler test
+# scripts (run_launcher.sh, pmix_mpirun.sh, slurm_cluster.sh, ...). Source
+# it after setting T (the script's temp dir). It gives:
 #   result STATUS NAME [WHY]   one TAP-style line; on failure the first
 #                              lines of $T/out and $T/err are shown
 #   finish                     "P passed, F failed"; exit status 0 iff none failed

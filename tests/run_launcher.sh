@@ -2,7 +2,7 @@
 # run_launcher.sh: end-to-end checks of dcomm-run, the launcher/agent, with
 # small shell workers: output prefixes and environment, policy all with
 # --max-restarts, SIGTERM forwarding, shrink after a SIGKILLed worker, and
-# replace with a joining replacement.
+# replace with a joining replacement, --bind-to.
 # Environment: DCOMM_RUN (default ./dcomm-run). Every run is bounded by
 # timeout(1); anything started is stopped by its own pid.
 # Exit status: 0 pass, 1 fail, 77 skip (no dcomm-run, no timeout).
@@ -35,23 +35,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-passed=0
-failed=0
-n=0
-
-result() { # result STATUS NAME [why]
-  n=$((n + 1))
-  if [ "$1" = 0 ]; then
-    echo "ok $n - $2"
-    passed=$((passed + 1))
-  else
-    echo "not ok $n - $2${3:+ ($3)}"
-    failed=$((failed + 1))
-    for f in "$T/out" "$T/err"; do
-      [ -s "$f" ] && sed "s/^/#   $(basename "$f"): /" "$f"
-    done
-  fi
-}
+. "${top_srcdir:-.}/tests/lib.sh"
 
 # run_job ARGS...: runs dcomm-run bounded, output in $T/out and $T/err; sets rc.
 run_job() {
@@ -140,5 +124,25 @@ else
 fi
 result "$([ -z "$why" ]; echo $?)" "replace: a replacement joins with DCOMM_ELASTIC_JOIN=1, exit 0" "$why"
 
-echo "$passed passed, $failed failed"
-[ "$failed" = 0 ]
+# ---- 6: --bind-to: core gives each worker one processor of its own, none
+# and auto with more workers than processors leave them unbound ----
+w=$(worker w6.sh 'echo "cpus $(sed -n "s/^Cpus_allowed_list:[[:space:]]*//p" /proc/self/status)"')
+all=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)
+ncpu=$(nproc)
+why=
+run_job --bind-to core --nproc-per-node "$ncpu" -- "$w"
+[ "$rc" = 0 ] || why="core: exit status $rc"
+got=$(sed -n 's/^\[[0-9]*\]: cpus //p' "$T/out" | sort -u)
+[ "$(echo "$got" | wc -l)" = "$ncpu" ] || why="${why:+$why; }core: $ncpu workers did not get $ncpu distinct processors: $(echo $got)"
+echo "$got" | grep -q '[,-]' && why="${why:+$why; }core: a worker may run on several processors: $(echo $got)"
+for mode in none auto; do
+  run_job --bind-to "$mode" --nproc-per-node $((ncpu + 1)) -- "$w"
+  [ "$rc" = 0 ] || why="${why:+$why; }$mode: exit status $rc"
+  n_all=$(grep -c "^\[[0-9]*\]: cpus $all\$" "$T/out")
+  [ "$n_all" = $((ncpu + 1)) ] || why="${why:+$why; }$mode: $n_all of $((ncpu + 1)) workers kept all processors ($all)"
+done
+run_job --bind-to socket --nproc-per-node 1 -- "$w"
+[ "$rc" = 2 ] && grep -q "expected core, none or auto" "$T/err" || why="${why:+$why; }--bind-to socket: exit $rc, no clear error"
+result "$([ -z "$why" ]; echo $?)" "--bind-to core binds each worker to its own processor; none and oversubscribed auto do not" "$why"
+
+finish

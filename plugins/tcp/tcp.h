@@ -106,6 +106,8 @@ struct tcp_ctx {
   int transport;    /* enum tcp_transport */
   size_t shm_ring;  /* bytes per direction of a shm link */
   double shm_spin;  /* seconds to poll rings before sleeping */
+  int ncpu;         /* processors this process may run on */
+  int local_ranks;  /* world ranks on this host (counted on first use) */
 };
 
 struct tcp_req;
@@ -179,8 +181,10 @@ int tcp_shm_create(size_t ring, struct tcp_shm **out, int *memfd, uint64_t *nonc
 int tcp_shm_attach(int pid, int fd, uint64_t nonce, size_t ring, struct tcp_shm **out, char *why, size_t wl);
 void tcp_shm_set_fd(struct tcp_shm *s, int fd);
 void tcp_shm_free(struct tcp_shm *s);
-/* Producer: 1/0 header slot written or no room; bytes written. */
-int tcp_shm_put_hdr(struct tcp_shm *s, const struct tcp_hdr *h);
+/* Producer: a header and as much of its payload as fits, published at
+ * once: the payload bytes written, or -1 if not even the header fits. Then
+ * the rest of the payload: bytes written. */
+long tcp_shm_put_frame(struct tcp_shm *s, const struct tcp_hdr *h, const void *src, size_t len);
 size_t tcp_shm_put(struct tcp_shm *s, const void *src, size_t len);
 /* Whether a whole frame of len payload bytes fits in the ring right now. */
 int tcp_shm_fits(struct tcp_shm *s, size_t len);

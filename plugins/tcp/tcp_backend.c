@@ -9,6 +9,7 @@
 #include "config.h"
 #include "tcp.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,6 +94,8 @@ static int tcp_init(const struct dcomm_host *host, void **out) {
   const char *spin = host->param("DCOMM_SHM_SPIN");
   ctx->shm_spin = (spin && *spin ? strtol(spin, NULL, 10) : 50) * 1e-6;
   if (ctx->shm_spin < 0) ctx->shm_spin = 0;
+  cpu_set_t cpus;
+  ctx->ncpu = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
   tcp_host_id(ctx->host_id, sizeof(ctx->host_id));
   int rc = tcp_listen_and_publish(ctx);
   if (rc < 0) {

@@ -312,8 +312,9 @@ static int progress_send_ring(struct tcp_comm *c, struct tcp_xop *op) {
     return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: lost rank %d (world rank %d) while sending to it (its link closed)",
                     c->label, op->peer, world_of(c, op->peer));
   if (op->done == 0) {
-    if (!tcp_shm_put_hdr(p->shm, &op->hdr)) return 0;
-    op->done = sizeof(op->hdr);
+    long n = tcp_shm_put_frame(p->shm, &op->hdr, op->sbuf, op->len);
+    if (n < 0) return 0;
+    op->done = sizeof(op->hdr) + (size_t)n;
   }
   size_t total = sizeof(op->hdr) + op->len;
   while (op->done < total) {
@@ -504,16 +505,37 @@ static int step_op(struct tcp_comm *c, struct tcp_xop *op, const struct dcomm_co
   return op->done != before || op->hdr_ok != hdr;
 }
 
-/* Polls the rings of the pending shared-memory ops (no system call but
- * sched_yield) until they stall for DCOMM_SHM_SPIN (1: time to sleep)
- * or for at most 2 ms while they still move (0: look at the sockets, do
- * not sleep). A rank that finds nothing yields, so that the rank it waits
- * for runs even when there are more ranks (or other processes) than
- * processors; spinning with pause alone was slower at 4 ranks on 2 cores
- * and collapsed when another process took one of the cores. */
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* Whether this host runs more ranks of the job than this process has
+ * processors: then the rank a spinning rank waits for may need its CPU. */
+static int oversubscribed(struct tcp_ctx *ctx) {
+  if (!ctx->local_ranks) {
+    for (int r = 0; r < ctx->host->world_size; r++) ctx->local_ranks += !strcmp(ctx->addrs[r].host, ctx->host_id);
+    if (!ctx->local_ranks) ctx->local_ranks = 1;
+  }
+  return ctx->local_ranks > ctx->ncpu;
+}
+
+/* Polls the rings of the pending shared-memory ops (no system call)
+ * until they stall for DCOMM_SHM_SPIN (1: time to sleep) or for at most
+ * 2 ms while they still move (0: look at the sockets, do not sleep). A
+ * rank that finds nothing pauses for PAUSE_SPIN, since a sched_yield costs
+ * more than a small message's latency, then yields, so that the rank it
+ * waits for runs if the scheduler put both on one processor. With more
+ * ranks on the host than processors it yields at once (spinning with
+ * pause alone was slower at 4 ranks on 2 cores). */
+#define PAUSE_SPIN 5e-6
 static int spin_rings(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_coll_args *a, int *left) {
   const struct dcomm_host *h = c->ctx->host;
   double t0 = h->now(), last = t0;
+  double pause_s = oversubscribed(c->ctx) ? 0 : PAUSE_SPIN;
   for (;;) {
     int moved = 0, any = 0;
     for (int i = 0; i < n; i++) {
@@ -528,7 +550,9 @@ static int spin_rings(struct tcp_comm *c, struct tcp_xop *ops, int n, const stru
     if (moved) last = t;
     else if (t - last >= c->ctx->shm_spin) return 1;
     if (t - t0 > 0.002) return 0;
-    if (!moved) sched_yield();
+    if (moved) continue;
+    if (t - last >= pause_s) sched_yield();
+    else cpu_relax();
   }
 }
 
@@ -688,7 +712,7 @@ void tcp_close_links(struct tcp_comm *c) {
     if (clean && !p->closed && !p->mid_send) {
       struct tcp_hdr h = {.magic = TCP_MAGIC, .type = TCP_F_BYE};
       /* In order after the data, in the ring when there is one. */
-      if (p->shm) tcp_shm_put_hdr(p->shm, &h);
+      if (p->shm) tcp_shm_put_frame(p->shm, &h, NULL, 0);
       else if (send(p->fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) { /* best effort */ }
     }
     shutdown(p->fd, SHUT_WR);

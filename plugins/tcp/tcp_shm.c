@@ -53,7 +53,8 @@ struct tcp_shm {
   size_t map_len, size, mask;
   struct shm_ctl *tx, *rx;
   char *txbuf, *rxbuf;
-  int fd; /* the TCP link, for wake-ups */
+  uint64_t head_seen; /* producer: the consumer's head as last read */
+  int fd;             /* the TCP link, for wake-ups */
 };
 
 void tcp_host_id(char *buf, size_t len) {
@@ -104,7 +105,7 @@ int tcp_shm_create(size_t ring, struct tcp_shm **out, int *memfd, uint64_t *nonc
   /* Reserve the pages now: a full tmpfs is an error here, not a SIGBUS later. */
   int rc = ftruncate(*memfd, (off_t)len);
   if (rc == 0) rc = posix_fallocate(*memfd, 0, (off_t)len) == 0 ? 0 : -1;
-  void *base = rc == 0 ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, *memfd, 0) : MAP_FAILED;
+  void *base = rc == 0 ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, *memfd, 0) : MAP_FAILED;
   if (base == MAP_FAILED) {
     snprintf(why, wl, "cannot allocate a %zu-byte segment: %s", len, strerror(errno));
     close(*memfd);
@@ -143,7 +144,8 @@ int tcp_shm_attach(int pid, int fd, uint64_t nonce, size_t ring, struct tcp_shm 
   }
   struct stat st;
   void *base = MAP_FAILED;
-  if (fstat(o, &st) == 0 && (size_t)st.st_size == len) base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, o, 0);
+  if (fstat(o, &st) == 0 && (size_t)st.st_size == len)
+    base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, o, 0);
   close(o);
   if (base == MAP_FAILED) {
     snprintf(why, wl, "cannot map %s", path);
@@ -193,21 +195,40 @@ static void copy_in(struct tcp_shm *s, uint64_t pos, const void *src, size_t n) 
   }
 }
 
-int tcp_shm_put_hdr(struct tcp_shm *s, const struct tcp_hdr *h) {
-  uint64_t tail = atomic_load_explicit(&s->tx->tail, memory_order_relaxed);
-  uint64_t head = atomic_load_explicit(&s->tx->head, memory_order_acquire);
+/* Free bytes for the producer, at least want if that many are free: the
+ * consumer's head (a cache line it writes) is read again only when the
+ * last value seen does not leave enough room. */
+static size_t tx_space(struct tcp_shm *s, uint64_t tail, size_t want) {
+  size_t space = s->size - (size_t)(tail - s->head_seen);
+  if (space >= want) return space;
+  s->head_seen = atomic_load_explicit(&s->tx->head, memory_order_acquire);
+  return s->size - (size_t)(tail - s->head_seen);
+}
+
+static uint64_t put_hdr_at(struct tcp_shm *s, uint64_t tail, const struct tcp_hdr *h) {
   uint64_t pad = (SLOT - (tail & (SLOT - 1))) & (SLOT - 1);
-  if (s->size - (tail - head) < pad + SLOT) return 0;
   memcpy(s->txbuf + ((tail + pad) & s->mask), h, sizeof(*h));
-  atomic_store_explicit(&s->tx->tail, tail + pad + SLOT, memory_order_release);
+  return tail + pad + SLOT;
+}
+
+long tcp_shm_put_frame(struct tcp_shm *s, const struct tcp_hdr *h, const void *src, size_t len) {
+  uint64_t tail = atomic_load_explicit(&s->tx->tail, memory_order_relaxed);
+  size_t space = tx_space(s, tail, len + 2 * SLOT);
+  if (space < 2 * SLOT) return -1;
+  uint64_t body = put_hdr_at(s, tail, h);
+  size_t n = space - (size_t)(body - tail);
+  if (n >= len) n = len;
+  else n &= ~(size_t)(SLOT - 1); /* a partial payload never splits an element */
+  if (n) copy_in(s, body, src, n);
+  /* One publication and at most one wake-up for the header and payload. */
+  atomic_store_explicit(&s->tx->tail, body + n, memory_order_release);
   wake(s, &s->tx->cons_wait);
-  return 1;
+  return (long)n;
 }
 
 size_t tcp_shm_put(struct tcp_shm *s, const void *src, size_t len) {
   uint64_t tail = atomic_load_explicit(&s->tx->tail, memory_order_relaxed);
-  uint64_t head = atomic_load_explicit(&s->tx->head, memory_order_acquire);
-  size_t space = s->size - (size_t)(tail - head);
+  size_t space = tx_space(s, tail, len);
   size_t n = len < space ? len : space;
   /* Partial writes end on a 64-byte boundary: no element is ever split. */
   if (n < len) n &= ~(size_t)(SLOT - 1);
@@ -219,8 +240,7 @@ size_t tcp_shm_put(struct tcp_shm *s, const void *src, size_t len) {
 }
 
 int tcp_shm_fits(struct tcp_shm *s, size_t len) {
-  uint64_t used = atomic_load_explicit(&s->tx->tail, memory_order_relaxed) - atomic_load_explicit(&s->tx->head, memory_order_acquire);
-  return s->size - (size_t)used >= len + 2 * SLOT;
+  return tx_space(s, atomic_load_explicit(&s->tx->tail, memory_order_relaxed), len + 2 * SLOT) >= len + 2 * SLOT;
 }
 
 int tcp_shm_get_hdr(struct tcp_shm *s, struct tcp_hdr *h) {
@@ -230,7 +250,8 @@ int tcp_shm_get_hdr(struct tcp_shm *s, struct tcp_hdr *h) {
   if (tail - head < pad + SLOT) return 0;
   memcpy(h, s->rxbuf + ((head + pad) & s->mask), sizeof(*h));
   atomic_store_explicit(&s->rx->head, head + pad + SLOT, memory_order_release);
-  wake(s, &s->rx->prod_wait);
+  /* A payload follows: consuming it wakes a producer waiting for room. */
+  if (!h->len) wake(s, &s->rx->prod_wait);
   return 1;
 }
 
