@@ -20,8 +20,14 @@ int dcomm__run_op(struct dcomm_group *grp, struct dcomm_coll_args *a, const char
   void *req = NULL;
   if (a->coll != DCOMM_COLL_SEND && a->coll != DCOMM_COLL_RECV) a->seq = ++grp->seq;
   a->deadline = dcomm__now() + grp->timeout;
-  int rc = dcomm__w.be->post(grp->bcomm, a, &req);
-  if (rc == 0) rc = dcomm__w.be->wait(req);
+  int (*run)(void *, const struct dcomm_coll_args *) = DCOMM_BACKEND_OP(dcomm__w.be, run);
+  int rc;
+  if (run) {
+    rc = run(grp->bcomm, a);
+  } else {
+    rc = dcomm__w.be->post(grp->bcomm, a, &req);
+    if (rc == 0) rc = dcomm__w.be->wait(req);
+  }
   if (rc < 0) {
     dcomm__err_ctx(rc, "%s on %s (rank %d of %d)", what, grp->label, grp->rank, grp->size);
     DCOMM_LOG(WARN, COLL, "%s", dcomm_last_error());

@@ -131,6 +131,9 @@ struct dcomm_backend_v1 {
   /* Later ops on comm posted without a stream run on stream (a
    * cudaStream_t for nccl; NULL: the backend's own queue again). */
   int (*comm_set_stream)(void *comm, void *stream);
+  /* Blocking form of post + wait, for a backend that can run an op on the
+   * caller's thread without allocating a request. */
+  int (*run)(void *comm, const struct dcomm_coll_args *a);
 };
 
 /* An optional op of table be, or NULL when be's table is too short for it. */

@@ -4,7 +4,8 @@
  * own thread, and test() hands the queue to a worker thread so that posted
  * operations progress without a waiter. comm_abort may be called from any
  * thread: it records the reason and wakes the running operation through an
- * eventfd.
+ * eventfd. A blocking call with nothing queued runs at once (run), with
+ * no request allocated.
  */
 #include "config.h"
 #include "tcp.h"
@@ -264,6 +265,27 @@ static int tcp_wait(void *vr) {
   return finish(r);
 }
 
+/* post + wait without a request: runs on the caller's thread when nothing
+ * is queued or running (the usual blocking call), else queues behind it. */
+static int tcp_run(void *vc, const struct dcomm_coll_args *a) {
+  struct tcp_comm *c = vc;
+  pthread_mutex_lock(&c->qlock);
+  if (c->qhead || c->executing) {
+    pthread_mutex_unlock(&c->qlock);
+    void *r;
+    TCP_CHECK(tcp_post(c, a, &r));
+    return tcp_wait(r);
+  }
+  c->executing = 1;
+  pthread_mutex_unlock(&c->qlock);
+  int rc = tcp_run_coll(c, a);
+  pthread_mutex_lock(&c->qlock);
+  c->executing = 0;
+  pthread_cond_broadcast(&c->qcond); /* ops posted meanwhile may run now */
+  pthread_mutex_unlock(&c->qlock);
+  return rc;
+}
+
 static int tcp_test(void *vr, int *done) {
   struct tcp_req *r = vr;
   struct tcp_comm *c = r->comm;
@@ -300,4 +322,5 @@ const struct dcomm_backend_v1 dcomm__backend_tcp = {
     .wait = tcp_wait,
     .async_error = tcp_async_error,
     .describe = tcp_describe,
+    .run = tcp_run,
 };

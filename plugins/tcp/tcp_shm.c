@@ -9,7 +9,13 @@
  * Ring protocol: head (consumer) and tail (producer) count bytes forever
  * and sit on their own cache lines. Every frame header starts at a 64-byte
  * boundary and fills a 64-byte slot, so payloads are cache-line aligned and
- * never split an element across the wrap. A side that finds nothing to do
+ * never split an element across the wrap. The slot also says how much of
+ * the payload was written with the header and ends with a stamp (its ring
+ * position + 1) stored last: the consumer polls the slot it expects next,
+ * not the tail, and takes a whole small frame with the header's cache line
+ * and the payload's, never touching the producer's index. Each side keeps
+ * the other's index as last read and reads it again only when that is not
+ * enough. A side that finds nothing to do
  * raises its waiting flag, looks once more, then sleeps in poll() on the
  * socket; the other side, after publishing, clears the flag and sends a
  * TCP_F_WAKE frame on the socket (a Dekker pair of seq_cst operations, so
@@ -48,12 +54,21 @@ struct shm_seg {
 
 _Static_assert(sizeof(struct shm_seg) <= SHM_CTL_PAGE, "control block fits its page");
 
+/* A frame header's slot in the ring. */
+struct shm_slot {
+  struct tcp_hdr h;
+  uint64_t body;              /* payload bytes published with the header */
+  _Atomic uint64_t stamp;     /* ring position + 1, stored last */
+};
+_Static_assert(sizeof(struct shm_slot) <= SLOT, "a header slot is one cache line");
+
 struct tcp_shm {
   void *base;
   size_t map_len, size, mask;
   struct shm_ctl *tx, *rx;
   char *txbuf, *rxbuf;
   uint64_t head_seen; /* producer: the consumer's head as last read */
+  uint64_t tail_seen; /* consumer: published up to here, as far as known */
   int fd;             /* the TCP link, for wake-ups */
 };
 
@@ -205,22 +220,23 @@ static size_t tx_space(struct tcp_shm *s, uint64_t tail, size_t want) {
   return s->size - (size_t)(tail - s->head_seen);
 }
 
-static uint64_t put_hdr_at(struct tcp_shm *s, uint64_t tail, const struct tcp_hdr *h) {
-  uint64_t pad = (SLOT - (tail & (SLOT - 1))) & (SLOT - 1);
-  memcpy(s->txbuf + ((tail + pad) & s->mask), h, sizeof(*h));
-  return tail + pad + SLOT;
-}
+static uint64_t slot_pos(uint64_t pos) { return (pos + SLOT - 1) & ~(uint64_t)(SLOT - 1); }
 
 long tcp_shm_put_frame(struct tcp_shm *s, const struct tcp_hdr *h, const void *src, size_t len) {
   uint64_t tail = atomic_load_explicit(&s->tx->tail, memory_order_relaxed);
   size_t space = tx_space(s, tail, len + 2 * SLOT);
   if (space < 2 * SLOT) return -1;
-  uint64_t body = put_hdr_at(s, tail, h);
+  uint64_t at = slot_pos(tail), body = at + SLOT;
   size_t n = space - (size_t)(body - tail);
   if (n >= len) n = len;
   else n &= ~(size_t)(SLOT - 1); /* a partial payload never splits an element */
   if (n) copy_in(s, body, src, n);
-  /* One publication and at most one wake-up for the header and payload. */
+  struct shm_slot *sl = (struct shm_slot *)(s->txbuf + (at & s->mask));
+  memcpy(&sl->h, h, sizeof(*h));
+  sl->body = n;
+  /* The stamp publishes the header and n payload bytes; the tail, for
+   * the sleeping consumer's check and for later payload, follows. */
+  atomic_store_explicit(&sl->stamp, at + 1, memory_order_release);
   atomic_store_explicit(&s->tx->tail, body + n, memory_order_release);
   wake(s, &s->tx->cons_wait);
   return (long)n;
@@ -244,12 +260,13 @@ int tcp_shm_fits(struct tcp_shm *s, size_t len) {
 }
 
 int tcp_shm_get_hdr(struct tcp_shm *s, struct tcp_hdr *h) {
-  uint64_t head = atomic_load_explicit(&s->rx->head, memory_order_relaxed);
-  uint64_t tail = atomic_load_explicit(&s->rx->tail, memory_order_acquire);
-  uint64_t pad = (SLOT - (head & (SLOT - 1))) & (SLOT - 1);
-  if (tail - head < pad + SLOT) return 0;
-  memcpy(h, s->rxbuf + ((head + pad) & s->mask), sizeof(*h));
-  atomic_store_explicit(&s->rx->head, head + pad + SLOT, memory_order_release);
+  uint64_t head = atomic_load_explicit(&s->rx->head, memory_order_relaxed), at = slot_pos(head);
+  const struct shm_slot *sl = (const struct shm_slot *)(s->rxbuf + (at & s->mask));
+  if (atomic_load_explicit(&sl->stamp, memory_order_acquire) != at + 1) return 0;
+  memcpy(h, &sl->h, sizeof(*h));
+  uint64_t known = at + SLOT + (sl->body < h->len ? sl->body : h->len);
+  if (known > s->tail_seen) s->tail_seen = known;
+  atomic_store_explicit(&s->rx->head, at + SLOT, memory_order_release);
   /* A payload follows: consuming it wakes a producer waiting for room. */
   if (!h->len) wake(s, &s->rx->prod_wait);
   return 1;
@@ -257,8 +274,8 @@ int tcp_shm_get_hdr(struct tcp_shm *s, struct tcp_hdr *h) {
 
 size_t tcp_shm_peek(struct tcp_shm *s, const void **p) {
   uint64_t head = atomic_load_explicit(&s->rx->head, memory_order_relaxed);
-  uint64_t tail = atomic_load_explicit(&s->rx->tail, memory_order_acquire);
-  size_t off = (size_t)(head & s->mask), avail = (size_t)(tail - head), first = s->size - off;
+  if (s->tail_seen <= head) s->tail_seen = atomic_load_explicit(&s->rx->tail, memory_order_acquire);
+  size_t off = (size_t)(head & s->mask), avail = (size_t)(s->tail_seen - head), first = s->size - off;
   *p = s->rxbuf + off;
   return avail < first ? avail : first;
 }
