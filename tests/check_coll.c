@@ -4,8 +4,9 @@
  * counts 0, 1, odd, large enough for the ring, and >= 16 MiB; both
  * all_reduce algorithms forced; point-to-point with tags out of order;
  * the matrix again with each transport of the tcp backend forced (shared
- * memory is the default on one host), and a point-to-point message larger
- * than a shared-memory ring sent to a rank busy in a barrier.
+ * memory is the default on one host, and with single-copy reads for all
+ * but small frames), a point-to-point message larger than a shared-memory
+ * ring sent to a rank busy in a barrier, and the single-copy probe.
  */
 #include "config.h"
 
@@ -14,12 +15,14 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "bench_util.h"
 #include "dcomm.h"
 #include "harness.h"
 #include "reduce.h"
+#include "tcp.h"
 
 static const dcomm_dtype_t all_dtypes[] = {DCOMM_INT8,    DCOMM_UINT8,    DCOMM_INT32,   DCOMM_UINT32, DCOMM_INT64,
                                            DCOMM_UINT64,  DCOMM_FLOAT16,  DCOMM_BFLOAT16, DCOMM_FLOAT32, DCOMM_FLOAT64};
@@ -299,13 +302,15 @@ static int body_rs_inplace(int rank, int n, void *arg) {
   return 0;
 }
 
-/* _i / 2: 0 tcp, 1 shm (forced); _i % 2: 3 ranks, or 4 ranks with the
- * pipelined broadcast forced even for tiny messages. */
+/* _i / 2: 0 tcp, 1 shm (forced), 2 shm with single-copy reads from 4 KiB;
+ * _i % 2: 3 ranks, or 4 ranks with the pipelined broadcast forced even
+ * for tiny messages. */
 START_TEST(test_transport) {
   static const size_t counts[] = {0, 1, 37, 100003, (4u << 20) / 4 + 5};
   struct plan p = {counts, 5, 0};
   const char *tr = _i / 2 ? "shm" : "tcp";
   setenv("DCOMM_TRANSPORT", tr, 1);
+  if (_i / 2 == 2) setenv("DCOMM_SHM_CMA_MIN", "4096", 1);
   setenv("DCOMM_SHM_RING_SIZE", "65536", 1); /* many wraps per message */
   int n = 3 + _i % 2;
   if (n == 4) setenv("DCOMM_ALGO", "broadcast=pipeline", 1);
@@ -317,7 +322,34 @@ START_TEST(test_transport) {
   unsetenv("DCOMM_TRANSPORT");
   unsetenv("DCOMM_SHM_RING_SIZE");
   unsetenv("DCOMM_ALGO");
-  ck_assert_msg(failed == 0, "DCOMM_TRANSPORT=%s on %d ranks: %d ranks failed", tr, n, failed);
+  unsetenv("DCOMM_SHM_CMA_MIN");
+  ck_assert_msg(failed == 0, "DCOMM_TRANSPORT=%s%s on %d ranks: %d ranks failed", tr, _i / 2 == 2 ? " (single copy)" : "",
+                n, failed);
+}
+END_TEST
+
+/* A process of the same user attaching a link's segment finds that the
+ * two may read each other's memory, and names the creator's pid: what
+ * the single-copy path above relies on (without it, it falls back to the
+ * rings and would be tested no more). */
+START_TEST(test_cma_probe) {
+  struct tcp_shm *mine;
+  int memfd;
+  uint64_t nonce;
+  char why[200];
+  ck_assert_msg(tcp_shm_create(65536, &mine, &memfd, &nonce, why, sizeof(why)) == 0, "create: %s", why);
+  pid_t parent = getpid(), kid = fork();
+  if (kid == 0) {
+    struct tcp_shm *theirs;
+    if (tcp_shm_attach(parent, memfd, nonce, 65536, &theirs, why, sizeof(why)) != 0) _exit(2);
+    _exit(tcp_shm_cma_pid(theirs) == parent ? 0 : 3);
+  }
+  int st;
+  ck_assert_int_eq(waitpid(kid, &st, 0), kid);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child: attach or probe failed (status %d)", st);
+  ck_assert_int_eq(tcp_shm_cma_pid(mine), kid);
+  close(memfd);
+  tcp_shm_free(mine);
 }
 END_TEST
 
@@ -335,7 +367,8 @@ int main(void) {
   tcase_add_test(tc, test_identical);
   tcase_add_test(tc, test_p2p);
   tcase_add_test(tc, test_barrier);
-  tcase_add_loop_test(tc, test_transport, 0, 4);
+  tcase_add_loop_test(tc, test_transport, 0, 6);
+  tcase_add_test(tc, test_cma_probe);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

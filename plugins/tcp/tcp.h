@@ -38,7 +38,11 @@
     if (tcp__rc < 0) return tcp__rc;                                            \
   } while (0)
 
-enum tcp_frame_type { TCP_F_DATA = 1, TCP_F_P2P, TCP_F_ABORT, TCP_F_BYE, TCP_F_WAKE };
+enum tcp_frame_type { TCP_F_DATA = 1, TCP_F_P2P, TCP_F_ABORT, TCP_F_BYE, TCP_F_WAKE, TCP_F_ACK };
+/* tcp_hdr.reserved flag of a DATA frame on a shared-memory link: the ring
+ * carries the sender's buffer address (8 bytes), and the receiver copies
+ * the len payload bytes with process_vm_readv, then answers TCP_F_ACK. */
+#define TCP_HF_CMA 1u
 
 /* Every message starts with this header (host byte order: one cluster
  * shares one architecture). The signature fields let the receiver detect
@@ -78,6 +82,7 @@ struct tcp_peer {
   struct tcp_shm *shm;
   struct tcp_hdr shdr; /* socket header being read on a shm link */
   size_t sgot;
+  uint64_t cma_sent, cma_acked; /* single-copy sends offered / answered */
 };
 
 struct tcp_parked {
@@ -106,6 +111,8 @@ struct tcp_ctx {
   int transport;    /* enum tcp_transport */
   size_t shm_ring;  /* bytes per direction of a shm link */
   double shm_spin;  /* seconds to poll rings before sleeping */
+  size_t cma_min;   /* shm payloads from this size are read by the peer
+                       * with process_vm_readv (0: never) */
   int ncpu;         /* processors this process may run on */
   int local_ranks;  /* world ranks on this host (counted on first use) */
 };
@@ -126,6 +133,7 @@ struct tcp_comm {
   int abort_sent;
   void *stage[2];      /* chunk-sized staging buffers for reduce receives */
   void *tmp;           /* scratch for algorithms */
+  void *cma_stage;     /* chunk-sized buffer for reducing single-copy reads */
   char *recv_mark;     /* size entries: peers with a pending receive (engine) */
   int nshm;            /* links in shared memory */
   size_t tmp_cap;
@@ -155,6 +163,8 @@ struct tcp_xop {
   size_t reduced;     /* receives in reduce mode: bytes already reduced */
   int stage_idx;
   int hdr_ok;         /* receives: the header was checked and accepted */
+  int cma;            /* single copy: sends wait for ack ticket, receives read raddr */
+  uint64_t ticket, raddr;
   int complete;
   struct tcp_hdr hdr; /* sends: the header to send */
 };
@@ -180,6 +190,9 @@ size_t tcp_shm_ring_size(size_t want); /* power of two, 64 KiB .. 256 MiB */
 int tcp_shm_create(size_t ring, struct tcp_shm **out, int *memfd, uint64_t *nonce, char *why, size_t wl);
 int tcp_shm_attach(int pid, int fd, uint64_t nonce, size_t ring, struct tcp_shm **out, char *why, size_t wl);
 void tcp_shm_set_fd(struct tcp_shm *s, int fd);
+/* The peer's pid if it and this process may read each other's memory
+ * with process_vm_readv, else 0. */
+int tcp_shm_cma_pid(const struct tcp_shm *s);
 void tcp_shm_free(struct tcp_shm *s);
 /* Producer: a header and as much of its payload as fits, published at
  * once: the payload bytes written, or -1 if not even the header fits. Then

@@ -234,6 +234,12 @@ static int take_control(struct tcp_comm *c, int peer, double deadline) {
     p->hgot = 0;
     return 1;
   }
+  if (h->type == TCP_F_ACK) { /* the peer has read a single-copy send */
+    p->cma_acked++;
+    p->have_hdr = 0;
+    p->hgot = 0;
+    return 1;
+  }
   if (h->type == TCP_F_P2P) {
     if (h->len > MAX_UNEXPECTED)
       return tcp_fail(c, DCOMM_EPROTO, "tcp %s: rank %d sent an oversized message (%llu bytes)", c->label, peer,
@@ -306,11 +312,46 @@ static int check_hdr(struct tcp_comm *c, int peer, const struct tcp_xop *op, con
   return ok ? 0 : mismatch(c, peer, a);
 }
 
-static int progress_send_ring(struct tcp_comm *c, struct tcp_xop *op) {
+/* Whether a frame goes single-copy: a collective's payload of at least
+ * DCOMM_SHM_CMA_MIN on a link whose ends may read each other's memory.
+ * Never p2p: a blocking send must not wait for its receiver. */
+static int use_cma(const struct tcp_comm *c, const struct tcp_peer *p, int type, size_t len) {
+  return c->ctx->cma_min && type == TCP_F_DATA && len >= c->ctx->cma_min && tcp_shm_cma_pid(p->shm);
+}
+
+/* A single-copy send is complete once the peer's TCP_F_ACK arrives; it
+ * queues behind the peer's data frames, which receives take first. */
+static int await_ack(struct tcp_comm *c, struct tcp_xop *op, const struct dcomm_coll_args *a) {
+  struct tcp_peer *p = &c->peers[op->peer];
+  while (p->cma_acked < op->ticket) {
+    if (p->departed)
+      return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: rank %d (world rank %d) finalized before reading this rank's data",
+                      c->label, op->peer, world_of(c, op->peer));
+    int rc = read_hdr(c, op->peer);
+    if (rc <= 0) return rc;
+    rc = take_control(c, op->peer, a->deadline);
+    if (rc <= 0) return rc; /* a data frame: a receive's */
+  }
+  op->done = sizeof(op->hdr) + op->len;
+  op->complete = 1;
+  return 0;
+}
+
+static int progress_send_ring(struct tcp_comm *c, struct tcp_xop *op, const struct dcomm_coll_args *a) {
   struct tcp_peer *p = &c->peers[op->peer];
   if (p->closed)
     return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: lost rank %d (world rank %d) while sending to it (its link closed)",
                     c->label, op->peer, world_of(c, op->peer));
+  if (op->done == 0 && use_cma(c, p, op->hdr.type, op->len)) {
+    uint64_t addr = (uint64_t)(uintptr_t)op->sbuf;
+    if (!tcp_shm_fits(p->shm, sizeof(addr))) return 0;
+    op->hdr.reserved = TCP_HF_CMA;
+    tcp_shm_put_frame(p->shm, &op->hdr, &addr, sizeof(addr));
+    op->cma = 1;
+    op->ticket = ++p->cma_sent;
+    op->done = sizeof(op->hdr);
+  }
+  if (op->cma) return await_ack(c, op, a);
   if (op->done == 0) {
     long n = tcp_shm_put_frame(p->shm, &op->hdr, op->sbuf, op->len);
     if (n < 0) return 0;
@@ -326,9 +367,59 @@ static int progress_send_ring(struct tcp_comm *c, struct tcp_xop *op) {
   return 0;
 }
 
+/* Payload of a single-copy frame: one chunk per call, read from the
+ * sender's buffer (reductions through a chunk-sized stage), then the ack. */
+static int progress_recv_cma(struct tcp_comm *c, struct tcp_xop *op, const struct dcomm_coll_args *a) {
+  struct tcp_peer *p = &c->peers[op->peer];
+  if (!op->cma) {
+    const void *src;
+    if (tcp_shm_peek(p->shm, &src) < sizeof(op->raddr)) /* published with the header */
+      return p->closed ? lost_msg(c, op->peer, " in the middle of a message") : 0;
+    memcpy(&op->raddr, src, sizeof(op->raddr));
+    tcp_shm_consume(p->shm, sizeof(op->raddr));
+    op->cma = 1;
+  }
+  if (op->done < op->len) {
+    size_t n = op->len - op->done, chunk = c->ctx->chunk;
+    if (n > chunk) n = chunk;
+    if (op->reduce && !c->cma_stage && !(c->cma_stage = malloc(chunk)))
+      return tcp_fail(c, DCOMM_ENOMEM, "tcp: out of memory for staging buffers");
+    struct iovec lo = {op->reduce ? c->cma_stage : (char *)op->rbuf + op->done, n};
+    struct iovec re = {(void *)(uintptr_t)(op->raddr + op->done), n};
+    ssize_t got = process_vm_readv(tcp_shm_cma_pid(p->shm), &lo, 1, &re, 1, 0);
+    if (got != (ssize_t)n) {
+      int e = got < 0 ? errno : EFAULT;
+      /* The buffer of a live member of the collective is mapped until it
+       * acks: a failure means the peer died (its memory goes before its
+       * links close) or left the collective with an error. Its abort
+       * frame, if it sent one, tells which. */
+      for (double until = c->ctx->host->now() + 0.2; e != EPERM && !p->closed && c->ctx->host->now() < until;) {
+        struct pollfd pf = {.fd = p->fd, .events = POLLIN | POLLRDHUP};
+        if (poll(&pf, 1, 20) > 0) TCP_CHECK(shm_drain(c, op->peer));
+      }
+      if (e == EPERM)
+        return tcp_fail(c, DCOMM_ESYSTEM, "tcp %s: reading rank %d's (world rank %d) data with process_vm_readv: %s "
+                        "(DCOMM_SHM_CMA_MIN=0 turns single copy off)", c->label, op->peer, world_of(c, op->peer), strerror(e));
+      return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: rank %d's (world rank %d) data vanished while this rank read it (%s): "
+                      "it died or left the collective", c->label, op->peer, world_of(c, op->peer), strerror(e));
+    }
+    if (op->reduce) c->ctx->host->reduce((char *)op->rbuf + op->done, c->cma_stage, n / dcomm_dtype_size(a->dtype), a->dtype, a->op);
+    op->done += n;
+    op->reduced = op->done;
+    if (op->done < op->len) return 0;
+  }
+  struct tcp_hdr ack = {.magic = TCP_MAGIC, .type = TCP_F_ACK};
+  if (tcp_shm_put_frame(p->shm, &ack, NULL, 0) < 0) return 0; /* no room yet: again later */
+  p->have_hdr = 0;
+  p->hgot = 0;
+  op->complete = 1;
+  return 0;
+}
+
 /* Payload of a receive from a ring: reductions read straight from it. */
 static int progress_recv_ring(struct tcp_comm *c, struct tcp_xop *op, const struct dcomm_coll_args *a) {
   struct tcp_peer *p = &c->peers[op->peer];
+  if (p->hdr.reserved & TCP_HF_CMA) return progress_recv_cma(c, op, a);
   size_t es = op->reduce ? dcomm_dtype_size(a->dtype) : 1;
   while (op->done < op->len) {
     const void *src;
@@ -353,9 +444,9 @@ static int progress_recv_ring(struct tcp_comm *c, struct tcp_xop *op, const stru
   return 0;
 }
 
-static int progress_send(struct tcp_comm *c, struct tcp_xop *op) {
+static int progress_send(struct tcp_comm *c, struct tcp_xop *op, const struct dcomm_coll_args *a) {
   struct tcp_peer *p = &c->peers[op->peer];
-  if (p->shm) return progress_send_ring(c, op);
+  if (p->shm) return progress_send_ring(c, op, a);
   size_t total = sizeof(op->hdr) + op->len;
   while (op->done < total) {
     struct iovec iov[2];
@@ -497,7 +588,7 @@ static int broken(struct tcp_comm *c) {
 static int step_op(struct tcp_comm *c, struct tcp_xop *op, const struct dcomm_coll_args *a, int *left) {
   size_t before = op->done;
   int hdr = op->hdr_ok;
-  TCP_CHECK(op->is_send ? progress_send(c, op) : progress_recv(c, op, a));
+  TCP_CHECK(op->is_send ? progress_send(c, op, a) : progress_recv(c, op, a));
   if (op->complete) {
     (*left)--;
     return 1;
@@ -563,7 +654,8 @@ static int arm_rings(struct tcp_comm *c, struct tcp_xop *ops, int n, const struc
   for (int i = 0; i < n; i++) {
     struct tcp_peer *p = &c->peers[ops[i].peer];
     if (ops[i].complete || !p->shm || p->closed) continue;
-    ready |= ops[i].is_send ? tcp_shm_arm_tx(p->shm) : tcp_shm_arm_rx(p->shm);
+    /* A single-copy send waits for its ack, which comes in the rx ring. */
+    ready |= ops[i].is_send && !ops[i].cma ? tcp_shm_arm_tx(p->shm) : tcp_shm_arm_rx(p->shm);
   }
   for (int r = 0; r < c->size; r++) {
     struct tcp_peer *p = &c->peers[r];
@@ -581,7 +673,7 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
   for (int i = 0; i < n; i++) {
     struct tcp_xop *op = &ops[i];
     op->done = op->reduced = 0;
-    op->complete = op->hdr_ok = 0;
+    op->complete = op->hdr_ok = op->cma = 0;
     if (op->is_send) fill_hdr(&op->hdr, a, op->len);
     if (!op->is_send && op->reduce && !c->peers[op->peer].shm) {
       if (stages == 2) return h->err(DCOMM_EBACKEND, "tcp: more than two reducing receives in one step");
@@ -594,7 +686,7 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
   int left = n;
   /* First pass without waiting: small messages usually complete here. */
   for (int i = 0; i < n; i++) {
-    TCP_CHECK(ops[i].is_send ? progress_send(c, &ops[i]) : progress_recv(c, &ops[i], a));
+    TCP_CHECK(ops[i].is_send ? progress_send(c, &ops[i], a) : progress_recv(c, &ops[i], a));
     if (ops[i].complete) left--;
   }
   struct pollfd pf[MAX_POLL];
@@ -660,7 +752,7 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
 
 int tcp_sends_now(struct tcp_comm *c, int peer, size_t len) {
   struct tcp_peer *p = &c->peers[peer];
-  return p->shm && !p->closed && tcp_shm_fits(p->shm, len);
+  return p->shm && !p->closed && !use_cma(c, p, TCP_F_DATA, len) && tcp_shm_fits(p->shm, len);
 }
 
 int tcp_p2p_send(struct tcp_comm *c, const struct dcomm_coll_args *a) {

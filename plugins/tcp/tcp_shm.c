@@ -33,6 +33,7 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #define SHM_MAGIC 0x44434d53484d3031ull /* "DCMSHM01" */
@@ -49,8 +50,14 @@ struct shm_ctl {
 
 struct shm_seg {
   uint64_t magic, nonce, ring;
+  int32_t pid[2];      /* [0]: the connector's, [1]: the acceptor's */
+  uint64_t probe_addr; /* where the connector holds cma_probe */
+  int32_t cma;         /* the acceptor read cma_probe with process_vm_readv */
   _Alignas(64) struct shm_ctl ctl[2]; /* [0]: connector -> acceptor */
 };
+
+/* Read by the peer through process_vm_readv to learn whether it may. */
+static const uint64_t cma_probe = SHM_MAGIC;
 
 _Static_assert(sizeof(struct shm_seg) <= SHM_CTL_PAGE, "control block fits its page");
 
@@ -69,6 +76,8 @@ struct tcp_shm {
   char *txbuf, *rxbuf;
   uint64_t head_seen; /* producer: the consumer's head as last read */
   uint64_t tail_seen; /* consumer: published up to here, as far as known */
+  struct shm_seg *seg;
+  int side;
   int fd;             /* the TCP link, for wake-ups */
 };
 
@@ -103,6 +112,8 @@ static struct tcp_shm *wrap(void *base, size_t map_len, size_t ring, int side) {
   s->mask = ring - 1;
   s->tx = &g->ctl[side];
   s->rx = &g->ctl[1 - side];
+  s->seg = g;
+  s->side = side;
   s->txbuf = (char *)base + SHM_CTL_PAGE + (size_t)side * ring;
   s->rxbuf = (char *)base + SHM_CTL_PAGE + (size_t)(1 - side) * ring;
   s->fd = -1;
@@ -132,6 +143,8 @@ int tcp_shm_create(size_t ring, struct tcp_shm **out, int *memfd, uint64_t *nonc
   g->magic = SHM_MAGIC;
   g->nonce = *nonce;
   g->ring = ring;
+  g->pid[0] = (int32_t)getpid();
+  g->probe_addr = (uint64_t)(uintptr_t)&cma_probe;
   *out = wrap(base, len, ring, 0);
   if (!*out) {
     munmap(base, len);
@@ -179,8 +192,17 @@ int tcp_shm_attach(int pid, int fd, uint64_t nonce, size_t ring, struct tcp_shm 
     snprintf(why, wl, "out of memory");
     return -1;
   }
+  /* Before the answer goes back, so the connector sees both. Cross
+   * memory attach is allowed both ways or neither (same user, same
+   * ptrace policy), so one probe decides for the link. */
+  g->pid[1] = (int32_t)getpid();
+  uint64_t v = 0;
+  struct iovec lo = {&v, sizeof(v)}, re = {(void *)(uintptr_t)g->probe_addr, sizeof(v)};
+  g->cma = g->pid[0] == pid && process_vm_readv(pid, &lo, 1, &re, 1, 0) == (ssize_t)sizeof(v) && v == SHM_MAGIC;
   return 0;
 }
+
+int tcp_shm_cma_pid(const struct tcp_shm *s) { return s->seg->cma ? s->seg->pid[1 - s->side] : 0; }
 
 void tcp_shm_set_fd(struct tcp_shm *s, int fd) { s->fd = fd; }
 
