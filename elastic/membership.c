@@ -25,9 +25,7 @@ static void abort_generation(struct dcomm_world *w, long gen, const char *why) {
   pthread_mutex_lock(&w->lock);
   if (w->generation == gen && w->initialized) {
     DCOMM_LOG(WARN, ELASTIC, "generation %ld revoked (%s): aborting its communicators", gen, why);
-    if (w->world.bcomm) w->be->comm_abort(w->world.bcomm, DCOMM_EREVOKED);
-    for (struct dcomm_group *g = w->groups; g; g = g->next)
-      if (g->bcomm) w->be->comm_abort(g->bcomm, DCOMM_EREVOKED);
+    dcomm__world_abort_locked(w);
   }
   pthread_mutex_unlock(&w->lock);
 }

@@ -270,8 +270,10 @@ static int wait_plan(struct dcomm_store *s, long gen, void **val, size_t *len) {
   }
 }
 
-/* Registers for round gen and waits for its plan. *rank = -1: not in it. */
-static int join_round(struct dcomm_world *w, long gen, int old_rank, int *rank, int *size) {
+/* Registers for round gen and waits for its plan. *rank = -1: not in it;
+ * else the plan's member ids in rank order go to *ids (*size entries,
+ * the caller frees them). */
+static int join_round(struct dcomm_world *w, long gen, int old_rank, int *rank, int *size, char (**ids)[40]) {
   struct dcomm_store *s = w->store;
   char key[128], me[96];
   int64_t ticket = 0;
@@ -300,22 +302,38 @@ static int join_round(struct dcomm_world *w, long gen, int old_rank, int *rank, 
     return dcomm__err(DCOMM_EPROTO, "malformed plan for generation %ld", gen);
   }
   char *save = NULL, *line = strtok_r(plan, "\n", &save);
-  int n = line ? atoi(line) : 0;
+  int n = line ? atoi(line) : 0, i = 0;
   *rank = -1;
   *size = n;
-  for (int i = 0; i < n && (line = strtok_r(NULL, "\n", &save)); i++)
+  *ids = n > 0 ? calloc((size_t)n, sizeof(**ids)) : NULL;
+  if (!*ids) {
+    free(val);
+    return n > 0 ? dcomm__err(DCOMM_ENOMEM, "out of memory") : 0;
+  }
+  for (; i < n && (line = strtok_r(NULL, "\n", &save)); i++) {
     if (!strcmp(line, w->member_id)) *rank = i;
+    snprintf((*ids)[i], sizeof((*ids)[i]), "%s", line);
+  }
   free(val);
+  if (i < n) *rank = -1; /* a short plan: not usable */
+  if (*rank < 0) {
+    free(*ids);
+    *ids = NULL;
+  }
   return 0;
 }
 
-/* Joins rounds from gen on until a plan includes this member. */
-static int join_from(struct dcomm_world *w, long gen, int old_rank) {
+/* Joins rounds from gen on until a plan includes this member; its member
+ * ids go to *plan (w->size entries, the caller frees them) if not NULL. */
+static int join_from(struct dcomm_world *w, long gen, int old_rank, char (**plan)[40]) {
   int rank, size;
   for (int tries = 0; tries < 64; tries++, gen++) {
-    DCOMM_CHECK(join_round(w, gen, old_rank, &rank, &size));
+    char(*ids)[40] = NULL;
+    DCOMM_CHECK(join_round(w, gen, old_rank, &rank, &size, &ids));
     if (rank >= 0) {
       int min = (int)dcomm__param_int(DCOMM_P_ELASTIC_MIN_WORLD);
+      if (plan) *plan = ids;
+      else free(ids);
       if (size < min)
         return dcomm__err(DCOMM_EPEERLOST, "generation %ld has %d members, fewer than DCOMM_ELASTIC_MIN_WORLD=%d", gen,
                           size, min);
@@ -334,7 +352,7 @@ int dcomm__elastic_join(struct dcomm_world *w) {
   DCOMM_CHECK(dcomm__store_set_prefix(w->store, ""));
   long gen = get_long(w->store, "elastic/gen", 0);
   DCOMM_LOG(INFO, ELASTIC, "joining the job after generation %ld", gen);
-  DCOMM_CHECK(join_from(w, gen + 1, -1));
+  DCOMM_CHECK(join_from(w, gen + 1, -1, NULL));
   /* The job's first world: generation 0 from the launch ranks, or the
    * first round of a rendezvous (elastic/first). */
   w->joiner = w->generation > get_long(w->store, "elastic/first", 0);
@@ -362,21 +380,41 @@ int dcomm_elastic_recover(void) {
   double t0 = dcomm__now();
   DCOMM_CHECK(dcomm__store_set_prefix(w->store, ""));
   DCOMM_CHECK(post_revoke(w, gen, why));
-  /* Nothing of generation gen is used again: abort and release it all. */
-  dcomm__world_release(w, 1);
+  /* Every communicator of generation gen stops at once, so nothing waits
+   * on a dead peer; releasing them (and the backend) waits for the plan,
+   * since a pure shrink keeps the backend and turns them into the next
+   * generation's. */
+  pthread_mutex_lock(&w->lock);
+  dcomm__world_abort_locked(w);
+  pthread_mutex_unlock(&w->lock);
+  w->shrink_failed = 0;
   char(*old_members)[40] = w->members; /* NULL after a failed attempt */
   if (!old_members) old_size = 0;       /* then the groups cannot be mapped */
   w->members = NULL;
-  int rc = join_from(w, gen + 1, old_rank);
-  if (rc == 0) rc = dcomm__world_build(w);
+  char(*plan)[40] = NULL;
+  int rc = join_from(w, gen + 1, old_rank, &plan);
   /* A member left out of a plan missed a generation: the others rebuilt
    * their groups without it, so it comes back like a joiner, with none. */
-  if (rc == 0) rc = w->generation == gen + 1 && old_members ? dcomm__groups_rebuild(old_members, old_size)
-                                             : dcomm__groups_rebuild(old_members, 0);
+  int map_size = rc == 0 && w->generation == gen + 1 ? old_size : 0;
+  const char *how = "rebuilt";
+  if (rc == 0 && dcomm__shrink_applies(w, plan, old_members, map_size)) {
+    rc = dcomm__elastic_shrink(w, plan, old_members, map_size); /* takes plan */
+    if (rc == 0) how = "shrunk in place";
+    if (rc == 1) { /* released, groups renumbered: build anew */
+      how = "rebuilt after a failed shrink";
+      rc = dcomm__world_build(w);
+      if (rc == 0) rc = dcomm__groups_rebuild(NULL, -1);
+    }
+  } else {
+    free(plan);
+    dcomm__world_release(w, 1);
+    if (rc == 0) rc = dcomm__world_build(w);
+    if (rc == 0) rc = dcomm__groups_rebuild(old_members, map_size);
+  }
   free(old_members);
   if (rc < 0) return dcomm__err_ctx(rc, "recovery from generation %ld", gen);
-  DCOMM_LOG(INFO, ELASTIC, "generation %ld: rank %d of %d (was %d of %d), rebuilt in %.3f s", w->generation, w->rank,
-            w->size, old_rank, old_size, dcomm__now() - t0);
+  DCOMM_LOG(INFO, ELASTIC, "generation %ld: rank %d of %d (was %d of %d), %s in %.3f s", w->generation, w->rank,
+            w->size, old_rank, old_size, how, dcomm__now() - t0);
   return 0;
 }
 

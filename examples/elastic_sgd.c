@@ -115,11 +115,21 @@ static int step_fn(uint64_t step, void *user) {
     fprintf(stderr, "rank %d: the batch was not covered (%g samples)\n", rank, g[DIM + 1]);
     return DCOMM_EINVAL;
   }
-  /* The extra sub-group collective: each parity group counts its samples. */
+  /* The extra sub-group collective: each parity group counts its samples,
+   * checked against the shares of the members the group says it has. */
   double mine = hi - lo;
   if (a->has_parity && dcomm_group_rank(a->parity) >= 0) {
     rc = dcomm_all_reduce(&mine, 1, DCOMM_FLOAT64, DCOMM_SUM, a->parity);
     if (rc < 0) return rc;
+    double want = 0;
+    for (int i = 0; i < dcomm_group_size(a->parity); i++) {
+      int r = dcomm_group_world_rank(a->parity, i);
+      want += BATCH * (r + 1) / size - BATCH * r / size;
+    }
+    if (mine != want) {
+      fprintf(stderr, "rank %d: the parity group counted %g samples, its members hold %g\n", rank, mine, want);
+      return DCOMM_EINVAL;
+    }
   }
   for (int d = 0; d < DIM; d++) a->st.w[d] -= a->lr * g[d] / BATCH;
   a->st.loss = g[DIM] / BATCH;

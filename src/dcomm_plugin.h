@@ -125,7 +125,10 @@ struct dcomm_backend_v1 {
    * comm_destroy. DCOMM_ENOTSUP: not possible here (the library lacks it,
    * or comm's handle is already gone) — fall back to comm_destroy +
    * comm_create; any other error: the same fallback after the others
-   * are told. */
+   * are told. When the elastic layer renumbers the world it shrinks the
+   * world's communicator first, then the sub-groups in creation order;
+   * spec->world_ranks are in the new numbering (the tcp backend renumbers
+   * its address table on the world's shrink). */
   int (*comm_shrink)(void *comm, const int *exclude_ranks, int nexclude, const struct dcomm_comm_spec *spec,
                      void **out_comm);
   /* Later ops on comm posted without a stream run on stream (a

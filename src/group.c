@@ -35,13 +35,17 @@ int dcomm__group_resolve(dcomm_group_t g, int need_member, struct dcomm_group **
   return 0;
 }
 
+struct dcomm_comm_spec dcomm__group_spec(const struct dcomm_group *grp) {
+  return (struct dcomm_comm_spec){.comm_id = grp->id,
+                                  .rank = grp->rank,
+                                  .size = grp->size,
+                                  .world_ranks = grp->world_ranks,
+                                  .deadline = dcomm__now() + grp->timeout,
+                                  .label = grp->label};
+}
+
 int dcomm__group_connect(struct dcomm_group *grp) {
-  struct dcomm_comm_spec spec = {.comm_id = grp->id,
-                                 .rank = grp->rank,
-                                 .size = grp->size,
-                                 .world_ranks = grp->world_ranks,
-                                 .deadline = dcomm__now() + grp->timeout,
-                                 .label = grp->label};
+  struct dcomm_comm_spec spec = dcomm__group_spec(grp);
   int rc = dcomm__w.be->comm_create(dcomm__w.be_ctx, &spec, &grp->bcomm);
   if (rc < 0) {
     grp->bcomm = NULL;
@@ -222,39 +226,49 @@ int dcomm_group_free(dcomm_group_t g) {
   return 0;
 }
 
-/* After a recovery: every group keeps its members that are still alive,
- * found by member id, in their old order; handles stay valid. Groups are
- * rebuilt in creation order so that every member creates them in the same
- * order. */
-int dcomm__groups_rebuild(char (*old_members)[40], int old_size) {
+int dcomm__groups_ordered(struct dcomm_group ***order, int *n) {
+  int k = 0;
+  for (struct dcomm_group *g = dcomm__w.groups; g; g = g->next) k++;
+  *order = malloc(sizeof(**order) * (size_t)(k ? k : 1));
+  if (!*order) return dcomm__err(DCOMM_ENOMEM, "out of memory");
+  *n = k;
+  for (struct dcomm_group *g = dcomm__w.groups; g; g = g->next) (*order)[--k] = g;
+  return 0;
+}
+
+int dcomm__group_renumber(struct dcomm_group *g, char (*old_members)[40], int old_size, int *gone) {
   struct dcomm_world *w = &dcomm__w;
-  int n = 0;
-  for (struct dcomm_group *g = w->groups; g; g = g->next) n++;
-  struct dcomm_group **order = malloc(sizeof(*order) * (size_t)(n ? n : 1));
-  if (!order) return dcomm__err(DCOMM_ENOMEM, "out of memory");
-  int i = n;
-  for (struct dcomm_group *g = w->groups; g; g = g->next) order[--i] = g;
-  int rc = 0;
-  for (i = 0; i < n && rc == 0; i++) {
+  int k = 0, ngone = 0;
+  for (int j = 0; j < g->size; j++) {
+    int old = g->world_ranks[j], found = 0;
+    for (int r = 0; old >= 0 && old < old_size && r < w->size && !found; r++)
+      if (!strcmp(w->members[r], old_members[old])) {
+        g->world_ranks[k++] = r;
+        found = 1;
+      }
+    if (!found && gone) gone[ngone] = j;
+    ngone += !found;
+  }
+  g->size = k;
+  g->rank = -1;
+  for (int j = 0; j < k; j++)
+    if (g->world_ranks[j] == w->rank) g->rank = j;
+  g->is_member = g->rank >= 0;
+  g->id = dcomm__hash64(g->id ^ (uint64_t)w->generation, "rebuild", 7);
+  g->seq = 0;
+  g->splits = 0;
+  return ngone;
+}
+
+/* Groups are rebuilt in creation order so that every member creates them
+ * in the same order. */
+int dcomm__groups_rebuild(char (*old_members)[40], int old_size) {
+  struct dcomm_group **order;
+  int n, rc = 0;
+  DCOMM_CHECK(dcomm__groups_ordered(&order, &n));
+  for (int i = 0; i < n && rc == 0; i++) {
     struct dcomm_group *g = order[i];
-    int k = 0;
-    for (int j = 0; j < g->size; j++) {
-      int old = g->world_ranks[j];
-      if (old < 0 || old >= old_size) continue;
-      for (int r = 0; r < w->size; r++)
-        if (!strcmp(w->members[r], old_members[old])) {
-          g->world_ranks[k++] = r;
-          break;
-        }
-    }
-    g->size = k;
-    g->rank = -1;
-    for (int j = 0; j < k; j++)
-      if (g->world_ranks[j] == w->rank) g->rank = j;
-    g->is_member = g->rank >= 0;
-    g->id = dcomm__hash64(g->id ^ (uint64_t)w->generation, "rebuild", 7);
-    g->seq = 0;
-    g->splits = 0;
+    if (old_size >= 0) dcomm__group_renumber(g, old_members, old_size, NULL);
     if (g->is_member) rc = dcomm__group_connect(g);
     DCOMM_LOG(INFO, GROUP, "rebuilt %s: %d members, my rank %d", g->label, g->size, g->rank);
   }

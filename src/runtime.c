@@ -77,14 +77,22 @@ static int host_hs_client(int fd, uint32_t purpose, const void *hello, size_t he
   return dcomm__hs_client(fd, dcomm__w.job_id, dcomm__w.token, purpose, hello, hello_len, deadline);
 }
 
-static void fill_host(struct dcomm_world *w) {
+/* The part of the host that changes with the generation. A shrink keeps
+ * the backend context, which holds a pointer to w->host, so this is all it
+ * updates (no other field is touched while the backend runs). */
+static void host_identity(struct dcomm_world *w) {
   struct dcomm_host *h = &w->host;
-  memset(h, 0, sizeof(*h));
-  h->size = sizeof(*h);
   h->world_rank = w->rank;
   h->world_size = w->size;
   h->local_rank = w->local_rank;
   h->local_size = w->local_size;
+}
+
+static void fill_host(struct dcomm_world *w) {
+  struct dcomm_host *h = &w->host;
+  memset(h, 0, sizeof(*h));
+  h->size = sizeof(*h);
+  host_identity(w);
   h->job_id = w->job_id;
   h->auth_token = w->token;
   h->listen_ip = w->listen_ip;
@@ -206,18 +214,23 @@ static int setup_store(struct dcomm_world *w, struct dcomm_init_spec *spec) {
   return 0;
 }
 
+void dcomm__world_abort_locked(struct dcomm_world *w) {
+  if (w->world.bcomm) w->be->comm_abort(w->world.bcomm, DCOMM_EREVOKED);
+  for (struct dcomm_group *g = w->groups; g; g = g->next)
+    if (g->bcomm) w->be->comm_abort(g->bcomm, DCOMM_EREVOKED);
+}
+
 /* Destroys every communicator (groups stay, without comms) and the
  * backend. aborted: the generation failed, so comms are aborted first. */
 void dcomm__world_release(struct dcomm_world *w, int aborted) {
   pthread_mutex_lock(&w->lock);
+  if (aborted) dcomm__world_abort_locked(w);
   for (struct dcomm_group *g = w->groups; g; g = g->next)
     if (g->bcomm) {
-      if (aborted) w->be->comm_abort(g->bcomm, DCOMM_EREVOKED);
       w->be->comm_destroy(g->bcomm);
       g->bcomm = NULL;
     }
   if (w->world.bcomm) {
-    if (aborted) w->be->comm_abort(w->world.bcomm, DCOMM_EREVOKED);
     w->be->comm_destroy(w->world.bcomm);
     w->world.bcomm = NULL;
   }
@@ -250,22 +263,22 @@ static int load_members(struct dcomm_world *w) {
 
 int dcomm__world_prefix(struct dcomm_world *w) {
   char prefix[64];
-  snprintf(prefix, sizeof(prefix), "g%ld/", w->generation);
+  /* A rebuild after a failed shrink must not read what the attempt wrote
+   * (a backend's keys per communicator id: the ids are the same). */
+  snprintf(prefix, sizeof(prefix), w->shrink_failed ? "g%ld/rebuild/" : "g%ld/", w->generation);
   return dcomm__store_set_prefix(w->store, prefix);
 }
 
-int dcomm__world_build(struct dcomm_world *w) {
+int dcomm__world_enter(struct dcomm_world *w) {
   DCOMM_CHECK(dcomm__world_prefix(w));
   dcomm__log_set_identity(w->rank, w->generation);
+  host_identity(w);
   char key[64];
   snprintf(key, sizeof(key), "member/%d", w->rank);
-  DCOMM_CHECK(dcomm__store_set(w->store, key, w->member_id, strlen(w->member_id) + 1));
-  fill_host(w);
-  int rc = w->be->init(&w->host, &w->be_ctx);
-  if (rc < 0) {
-    w->be_ctx = NULL;
-    return rc;
-  }
+  return dcomm__store_set(w->store, key, w->member_id, strlen(w->member_id) + 1);
+}
+
+int dcomm__world_group_reset(struct dcomm_world *w) {
   struct dcomm_group *wg = &w->world;
   w->new_groups = 0; /* group ids restart per generation, joiners included */
   double timeout = wg->timeout > 0 ? wg->timeout : dcomm__param_double(DCOMM_P_TIMEOUT);
@@ -280,7 +293,19 @@ int dcomm__world_build(struct dcomm_world *w) {
   wg->world_ranks = malloc(sizeof(int) * (size_t)w->size);
   if (!wg->world_ranks) return dcomm__err(DCOMM_ENOMEM, "out of memory");
   for (int i = 0; i < w->size; i++) wg->world_ranks[i] = i;
-  DCOMM_CHECK(dcomm__group_connect(wg));
+  return 0;
+}
+
+int dcomm__world_build(struct dcomm_world *w) {
+  fill_host(w);
+  DCOMM_CHECK(dcomm__world_enter(w));
+  int rc = w->be->init(&w->host, &w->be_ctx);
+  if (rc < 0) {
+    w->be_ctx = NULL;
+    return rc;
+  }
+  DCOMM_CHECK(dcomm__world_group_reset(w));
+  DCOMM_CHECK(dcomm__group_connect(&w->world));
   return load_members(w);
 }
 
@@ -310,6 +335,7 @@ static void teardown(struct dcomm_world *w) {
   w->initialized = 0;
   w->new_groups = 0;
   w->joiner = 0;
+  w->shrink_failed = 0;
 }
 
 int dcomm_init(const char *backend, const char *init_method) {

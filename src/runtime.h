@@ -49,6 +49,7 @@ struct dcomm_world {
   char member_id[40];
   char (*members)[40];        /* member id of every world rank */
   int joiner;                 /* entered after the job's first world */
+  int shrink_failed;          /* this generation is rebuilt after a failed shrink */
   int lost_hint;              /* PMIx said rank lost_hint-1 (or -1+1=0: someone) is gone; 0: none */
   int lost_hint_set;          /* set by PMIx's thread, taken by the watcher */
   struct dcomm_store *estore; /* the watcher's own store link, no prefix */
@@ -61,8 +62,17 @@ extern struct dcomm_world dcomm__w;
 /* runtime.c: builds the world of the current generation (store prefix,
  * backend, world communicator, member table) / releases every comm. */
 int dcomm__world_build(struct dcomm_world *w);
-/* Points the world's store handle at this generation's prefix "g<gen>/". */
+/* Points the world's store handle at this generation's prefix "g<gen>/"
+ * ("g<gen>/rebuild/" after a failed shrink). */
 int dcomm__world_prefix(struct dcomm_world *w);
+/* The steps of world_build that do not touch the backend: the store
+ * prefix, log and host identity, this member's id in the store; and the
+ * world group's fields for this generation (id, rank, size, identity
+ * world ranks; bcomm cleared: the caller holds the old one). */
+int dcomm__world_enter(struct dcomm_world *w);
+int dcomm__world_group_reset(struct dcomm_world *w);
+/* Aborts every communicator (they stay until released); w->lock held. */
+void dcomm__world_abort_locked(struct dcomm_world *w);
 void dcomm__world_release(struct dcomm_world *w, int aborted);
 
 /* plugin_loader.c */
@@ -72,9 +82,25 @@ void dcomm__backend_unload(void *handle);
 /* group.c */
 /* Resolves a handle (NULL: world); requires init and, if need_member, membership. */
 int dcomm__group_resolve(dcomm_group_t g, int need_member, struct dcomm_group **out);
+/* What the backend gets for a filled-in group's communicator (members
+ * only): comm_create's and comm_shrink's spec. */
+struct dcomm_comm_spec dcomm__group_spec(const struct dcomm_group *grp);
 /* Creates the backend communicator for a filled-in group (members only). */
 int dcomm__group_connect(struct dcomm_group *grp);
 void dcomm__group_release(struct dcomm_group *grp);
+/* The sub-groups in creation order, oldest first: *n entries in *order
+ * (the caller frees it). */
+int dcomm__groups_ordered(struct dcomm_group ***order, int *n);
+/* After a recovery: g keeps its members that are still alive, found by
+ * member id (old_members: the previous generation's table of old_size),
+ * in their old order, as ranks of the new world (w->members); the id is
+ * re-derived from the generation, sequence numbers restart; the handle
+ * stays valid. Returns how many members g lost; their ranks in g before
+ * the call go to gone (g->size entries) unless it is NULL. */
+int dcomm__group_renumber(struct dcomm_group *g, char (*old_members)[40], int old_size, int *gone);
+/* Renumbers every sub-group (old_size < 0: a failed shrink already did)
+ * and creates the communicators of those this rank is in, in creation
+ * order. */
 int dcomm__groups_rebuild(char (*old_members)[40], int old_size);
 
 /* collectives.c: runs one op through the backend (post + wait). */
@@ -84,6 +110,9 @@ int dcomm__run_op(struct dcomm_group *grp, struct dcomm_coll_args *a, const char
 int dcomm__elastic_start(struct dcomm_world *w);
 void dcomm__elastic_stop(struct dcomm_world *w);
 int dcomm__elastic_join(struct dcomm_world *w);
+/* elastic/shrink.c: the shrink path of recovery. */
+int dcomm__shrink_applies(const struct dcomm_world *w, char (*plan)[40], char (*old_members)[40], int old_size);
+int dcomm__elastic_shrink(struct dcomm_world *w, char (*plan)[40], char (*old_members)[40], int old_size);
 
 /* A stable 64-bit id from a label and data (FNV-1a). */
 uint64_t dcomm__hash64(uint64_t seed, const void *data, size_t len);

@@ -101,6 +101,7 @@ struct tcp_ctx {
   const struct dcomm_host *host;
   int lfd, port;
   struct tcp_addr *addrs; /* of every world rank, loaded once */
+  uint64_t addrs_comm;    /* the comm whose world numbering addrs follows (tcp_shrink.c) */
   char host_id[TCP_HOST_ID_LEN];
   struct tcp_parked *parked;
   int nparked, cparked;
@@ -149,6 +150,10 @@ struct tcp_comm {
 int tcp_listen_and_publish(struct tcp_ctx *ctx);
 int tcp_connect_mesh(struct tcp_ctx *ctx, struct tcp_comm *c, double deadline);
 void tcp_close_parked(struct tcp_ctx *ctx);
+
+/* tcp_shrink.c: comm_shrink, a new mesh among the survivors */
+int tcp_comm_shrink(void *comm, const int *exclude, int nexclude, const struct dcomm_comm_spec *spec, void **out);
+extern const struct dcomm_backend_v1 dcomm__backend_tcp; /* the ops table (tcp_backend.c) */
 
 /* tcp_engine.c */
 struct tcp_xop {

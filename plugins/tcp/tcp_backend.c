@@ -324,5 +324,6 @@ const struct dcomm_backend_v1 dcomm__backend_tcp = {
     .wait = tcp_wait,
     .async_error = tcp_async_error,
     .describe = tcp_describe,
+    .comm_shrink = tcp_comm_shrink,
     .run = tcp_run,
 };

@@ -214,6 +214,7 @@ static const char *const transport_names[] = {"auto", "shm", "tcp"};
 
 int tcp_connect_mesh(struct tcp_ctx *ctx, struct tcp_comm *c, double deadline) {
   const struct dcomm_host *h = ctx->host;
+  if (!ctx->addrs) ctx->addrs_comm = c->id; /* the first comm, the world's, loads the table */
   TCP_CHECK(load_addrs(ctx, deadline));
   /* Connect to every lower rank. */
   for (int j = 0; j < c->rank; j++) {
