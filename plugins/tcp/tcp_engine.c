@@ -691,6 +691,8 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
   }
   struct pollfd pf[MAX_POLL];
   int who[MAX_POLL]; /* >= 0: op index; < 0: -(peer+1) watched */
+  double active = h->now(); /* when a socket last had something */
+  int polled_empty = 0;
   while (left > 0) {
     char *recv_peer = c->recv_mark;
     memset(recv_peer, 0, (size_t)c->size);
@@ -702,6 +704,12 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
       if (rc < 0) return rc;
       if (!left) break;
       may_sleep = rc == 1 && !arm_rings(c, ops, n, a);
+    } else if (h->now() - active < c->ctx->shm_spin) {
+      /* Sockets only: look without sleeping for DCOMM_SHM_SPIN first, as
+       * a sleeping process on another processor takes tens of
+       * microseconds to wake up, far more than a small message. */
+      may_sleep = 0;
+      if (polled_empty && oversubscribed(c->ctx)) sched_yield();
     }
     int np = 0;
     pf[np] = (struct pollfd){.fd = c->abort_fd, .events = POLLIN};
@@ -730,7 +738,9 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
     }
     int rc = poll(pf, (nfds_t)np, may_sleep && wait_s > 0 ? (int)(wait_s * 1000) + 1 : 0);
     if (rc < 0 && errno != EINTR) return tcp_fail(c, DCOMM_ESYSTEM, "tcp: poll: %s", strerror(errno));
+    polled_empty = rc <= 0;
     if (rc <= 0) continue;
+    active = h->now();
     if (pf[0].revents & POLLIN) {
       int err = atomic_load(&c->error);
       return tcp_fail(c, err ? err : DCOMM_EREVOKED, "tcp %s: communicator aborted", c->label);
