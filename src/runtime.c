@@ -338,6 +338,15 @@ static void teardown(struct dcomm_world *w) {
   w->shrink_failed = 0;
 }
 
+/* Through this thread's own store link, never the watcher's: the watcher
+ * holds its link for a whole blocking get (a heartbeat interval). */
+static int set_generation_zero(struct dcomm_world *w) {
+  DCOMM_CHECK(dcomm__store_set_prefix(w->store, ""));
+  int rc = dcomm__store_set(w->store, "elastic/gen", "0", 2);
+  int prc = dcomm__world_prefix(w);
+  return rc < 0 ? rc : prc;
+}
+
 int dcomm_init(const char *backend, const char *init_method) {
   struct dcomm_world *w = &dcomm__w;
   struct dcomm_init_spec spec;
@@ -389,8 +398,7 @@ int dcomm_init(const char *backend, const char *init_method) {
   if ((rc = dcomm__world_build(w)) < 0) goto fail;
   /* A world started from the launch ranks is generation 0: recovery rounds
    * must not take their first round for the job's first rendezvous. */
-  if (w->elastic && !spec.join && w->rank == 0 && (rc = dcomm__store_set(w->estore, "elastic/gen", "0", 2)) < 0)
-    goto fail;
+  if (w->elastic && !spec.join && w->rank == 0 && (rc = set_generation_zero(w)) < 0) goto fail;
   DCOMM_LOG(INFO, INIT, "initialized: rank %d of %d (local %d of %d), backend %s, job %s, generation %ld, %.3f s",
             w->rank, w->size, w->local_rank, w->local_size, w->be->name, w->job_id, w->generation, dcomm__now() - t0);
   return 0;
