@@ -302,7 +302,8 @@ static int body_rs_inplace(int rank, int n, void *arg) {
   return 0;
 }
 
-/* _i / 2: 0 tcp, 1 shm (forced), 2 shm with single-copy reads from 4 KiB;
+/* _i / 2: 0 tcp, 1 shm (forced) through the rings alone, 2 shm with
+ * single-copy reads of every payload from 4 KiB;
  * _i % 2: 3 ranks, or 4 ranks with the pipelined broadcast forced even
  * for tiny messages. */
 START_TEST(test_transport) {
@@ -310,7 +311,11 @@ START_TEST(test_transport) {
   struct plan p = {counts, 5, 0};
   const char *tr = _i / 2 ? "shm" : "tcp";
   setenv("DCOMM_TRANSPORT", tr, 1);
-  if (_i / 2 == 2) setenv("DCOMM_SHM_CMA_MIN", "4096", 1);
+  if (_i / 2 == 1) setenv("DCOMM_SHM_CMA_MIN", "0", 1);
+  if (_i / 2 == 2) {
+    setenv("DCOMM_SHM_CMA_MIN", "4096", 1);
+    setenv("DCOMM_SHM_CMA_FWD_MIN", "4096", 1);
+  }
   setenv("DCOMM_SHM_RING_SIZE", "65536", 1); /* many wraps per message */
   int n = 3 + _i % 2;
   if (n == 4) setenv("DCOMM_ALGO", "broadcast=pipeline", 1);
@@ -323,6 +328,7 @@ START_TEST(test_transport) {
   unsetenv("DCOMM_SHM_RING_SIZE");
   unsetenv("DCOMM_ALGO");
   unsetenv("DCOMM_SHM_CMA_MIN");
+  unsetenv("DCOMM_SHM_CMA_FWD_MIN");
   ck_assert_msg(failed == 0, "DCOMM_TRANSPORT=%s%s on %d ranks: %d ranks failed", tr, _i / 2 == 2 ? " (single copy)" : "",
                 n, failed);
 }

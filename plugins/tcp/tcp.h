@@ -114,6 +114,7 @@ struct tcp_ctx {
   double shm_spin;  /* seconds to poll rings before sleeping */
   size_t cma_min;   /* shm payloads from this size are read by the peer
                        * with process_vm_readv (0: never) */
+  size_t cma_fwd_min; /* the same for data written earlier in the call */
   int ncpu;         /* processors this process may run on */
   int local_ranks;  /* world ranks on this host (counted on first use) */
 };
@@ -169,6 +170,9 @@ struct tcp_xop {
   int stage_idx;
   int hdr_ok;         /* receives: the header was checked and accepted */
   int cma;            /* single copy: sends wait for ack ticket, receives read raddr */
+  int fwd;            /* sends: data this rank wrote earlier in the same call
+                       * (partial sums, forwarded blocks), which a reader
+                       * would fetch from this processor's cache */
   uint64_t ticket, raddr;
   int complete;
   struct tcp_hdr hdr; /* sends: the header to send */
@@ -181,7 +185,7 @@ int tcp_fail(struct tcp_comm *c, int err, const char *fmt, ...) __attribute__((f
 int tcp_p2p_send(struct tcp_comm *c, const struct dcomm_coll_args *a);
 /* Whether a send of len bytes to peer completes without the peer's help
  * (a shared-memory link with that much room). */
-int tcp_sends_now(struct tcp_comm *c, int peer, size_t len);
+int tcp_sends_now(struct tcp_comm *c, int peer, size_t len, int fwd);
 int tcp_p2p_recv(struct tcp_comm *c, const struct dcomm_coll_args *a);
 void tcp_peer_free_queue(struct tcp_peer *p);
 /* Clean goodbye on every link (BYE + shutdown + drain); then close. */

@@ -8,8 +8,10 @@
  *   broadcast       binomial tree from the root for small messages, a
  *                   pipelined chain (segments of DCOMM_TCP_CHUNK_SIZE
  *                   forwarded while the next one arrives) for large ones;
- *   all_gather      ring; reduce_scatter: ring that reduces into two
- *                   block-sized accumulators, never copying the whole input;
+ *   all_gather      direct (pairwise) when every member shares the host,
+ *                   else ring;
+ *   reduce_scatter  ring that reduces into two block-sized accumulators,
+ *                   never copying the whole input;
  *   gather / scatter / all_to_all: direct exchanges progressed together;
  *   barrier:        dissemination.
  */
@@ -37,15 +39,20 @@ static void seg(size_t count, int n, int i, size_t *off, size_t *cnt) {
   *cnt = base + (ui < rem ? 1 : 0);
 }
 
+/* Flags of a step: the receive reduces; the data sent was written by this
+ * rank earlier in the same call (see tcp_xop.fwd). */
+#define XF_REDUCE 1
+#define XF_FWD 2
+
 static int exchange(struct tcp_comm *c, const struct dcomm_coll_args *a, int to, const void *sbuf, size_t slen,
-                    int from, void *rbuf, size_t rlen, int reduce) {
-  struct tcp_xop ops[2] = {{.peer = to, .is_send = 1, .sbuf = sbuf, .len = slen},
-                           {.peer = from, .rbuf = rbuf, .len = rlen, .reduce = reduce}};
+                    int from, void *rbuf, size_t rlen, int flags) {
+  struct tcp_xop ops[2] = {{.peer = to, .is_send = 1, .sbuf = sbuf, .len = slen, .fwd = !!(flags & XF_FWD)},
+                           {.peer = from, .rbuf = rbuf, .len = rlen, .reduce = !!(flags & XF_REDUCE)}};
   return tcp_xfer(c, ops, 2, a);
 }
 
-static int send1(struct tcp_comm *c, const struct dcomm_coll_args *a, int to, const void *buf, size_t len) {
-  struct tcp_xop op = {.peer = to, .is_send = 1, .sbuf = buf, .len = len};
+static int send1(struct tcp_comm *c, const struct dcomm_coll_args *a, int to, const void *buf, size_t len, int fwd) {
+  struct tcp_xop op = {.peer = to, .is_send = 1, .sbuf = buf, .len = len, .fwd = fwd};
   return tcp_xfer(c, &op, 1, a);
 }
 
@@ -73,7 +80,7 @@ static int allreduce_rd(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   int vr;
   if (r < 2 * rem) {
     if (r % 2 == 0) {
-      TCP_CHECK(send1(c, a, r + 1, buf, len));
+      TCP_CHECK(send1(c, a, r + 1, buf, len, 0));
       vr = -1;
     } else {
       TCP_CHECK(recv1(c, a, r - 1, buf, len, 1));
@@ -86,21 +93,21 @@ static int allreduce_rd(struct tcp_comm *c, const struct dcomm_coll_args *a) {
     for (int mask = 1; mask < p; mask <<= 1) {
       int vpeer = vr ^ mask;
       int peer = vpeer < rem ? vpeer * 2 + 1 : vpeer + rem;
-      if (tcp_sends_now(c, peer, len)) {
+      if (tcp_sends_now(c, peer, len, 1)) {
         /* The whole buffer is in the ring before anything arrives in it:
          * reduce the partner's data straight from the ring. */
-        TCP_CHECK(send1(c, a, peer, buf, len));
+        TCP_CHECK(send1(c, a, peer, buf, len, 1));
         TCP_CHECK(recv1(c, a, peer, buf, len, 1));
         continue;
       }
-      TCP_CHECK(exchange(c, a, peer, buf, len, peer, tmp, len, 0));
+      TCP_CHECK(exchange(c, a, peer, buf, len, peer, tmp, len, XF_FWD));
       /* Every op is commutative, so both partners compute the same bits. */
       h->reduce(buf, tmp, a->count, a->dtype, a->op);
     }
   }
   if (r < 2 * rem) {
     if (r % 2 == 0) TCP_CHECK(recv1(c, a, r + 1, buf, len, 0));
-    else TCP_CHECK(send1(c, a, r - 1, buf, len));
+    else TCP_CHECK(send1(c, a, r - 1, buf, len, 1));
   }
   finish_avg(c, a, buf, a->count);
   return 0;
@@ -115,7 +122,7 @@ static int allreduce_ring(struct tcp_comm *c, const struct dcomm_coll_args *a) {
     size_t so, sc, ro, rc;
     seg(a->count, n, mod(r - s, n), &so, &sc);
     seg(a->count, n, mod(r - s - 1, n), &ro, &rc);
-    TCP_CHECK(exchange(c, a, right, buf + so * es, sc * es, left, buf + ro * es, rc * es, 1));
+    TCP_CHECK(exchange(c, a, right, buf + so * es, sc * es, left, buf + ro * es, rc * es, XF_REDUCE | (s ? XF_FWD : 0)));
   }
   size_t oo, oc;
   seg(a->count, n, mod(r + 1, n), &oo, &oc);
@@ -124,7 +131,7 @@ static int allreduce_ring(struct tcp_comm *c, const struct dcomm_coll_args *a) {
     size_t so, sc, ro, rc;
     seg(a->count, n, mod(r + 1 - s, n), &so, &sc);
     seg(a->count, n, mod(r - s, n), &ro, &rc);
-    TCP_CHECK(exchange(c, a, right, buf + so * es, sc * es, left, buf + ro * es, rc * es, 0));
+    TCP_CHECK(exchange(c, a, right, buf + so * es, sc * es, left, buf + ro * es, rc * es, XF_FWD));
   }
   return 0;
 }
@@ -146,7 +153,7 @@ static int reduce_tree(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   int copied = 0;
   for (int mask = 1; mask < n; mask <<= 1) {
     if (vr & mask) {
-      return send1(c, a, mod(vr - mask + a->root, n), copied ? acc : a->recvbuf, len);
+      return send1(c, a, mod(vr - mask + a->root, n), copied ? acc : a->recvbuf, len, copied);
     }
     if (vr + mask < n) {
       if (vr != 0 && !copied) { /* a non-root must leave its buffer as it was */
@@ -175,7 +182,8 @@ static int bcast_tree(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   struct tcp_xop ops[32];
   int k = 0;
   for (mask >>= 1; mask > 0; mask >>= 1)
-    if (vr + mask < n) ops[k++] = (struct tcp_xop){.peer = mod(vr + mask + a->root, n), .is_send = 1, .sbuf = a->recvbuf, .len = len};
+    if (vr + mask < n)
+      ops[k++] = (struct tcp_xop){.peer = mod(vr + mask + a->root, n), .is_send = 1, .sbuf = a->recvbuf, .len = len, .fwd = vr != 0};
   return k ? tcp_xfer(c, ops, k, a) : 0;
 }
 
@@ -195,7 +203,7 @@ static int bcast_pipeline(struct tcp_comm *c, const struct dcomm_coll_args *a) {
     size_t st = parent >= 0 ? t - 1 : t; /* the root sends segment t at step t */
     if (child >= 0 && (parent < 0 || t > 0) && st < nseg)
       ops[k++] = (struct tcp_xop){.peer = child, .is_send = 1, .sbuf = buf + st * seg,
-                                  .len = st + 1 < nseg ? seg : len - st * seg};
+                                  .len = st + 1 < nseg ? seg : len - st * seg, .fwd = parent >= 0};
     if (k) TCP_CHECK(tcp_xfer(c, ops, k, a));
   }
   return 0;
@@ -209,22 +217,55 @@ static int broadcast(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   return algo == TCP_BCAST_PIPELINE && len > 0 ? bcast_pipeline(c, a) : bcast_tree(c, a);
 }
 
-/* Ring all-gather over blocks of blen bytes already placed at block r. */
-static int ring_gather_blocks(struct tcp_comm *c, const struct dcomm_coll_args *a, char *out, size_t blen) {
+/* Ring all-gather over blocks of blen bytes already placed at block r;
+ * the first step sends own (block r, or an untouched copy of it). */
+static int ring_gather_blocks(struct tcp_comm *c, const struct dcomm_coll_args *a, char *out, const void *own,
+                              size_t blen) {
   int n = c->size, r = c->rank;
   for (int s = 0; s < n - 1; s++) {
     int sb = mod(r - s, n), rb = mod(r - s - 1, n);
-    TCP_CHECK(exchange(c, a, mod(r + 1, n), out + (size_t)sb * blen, blen, mod(r - 1, n), out + (size_t)rb * blen,
-                       blen, 0));
+    const void *src = s == 0 ? own : out + (size_t)sb * blen;
+    TCP_CHECK(exchange(c, a, mod(r + 1, n), src, blen, mod(r - 1, n), out + (size_t)rb * blen, blen, s ? XF_FWD : 0));
   }
   return 0;
 }
 
+/* Every rank sends block "to" of its input (at in + to * stride) to each
+ * other rank and receives their blocks into out, all progressed together;
+ * its own block is copied locally. */
+static int pairwise(struct tcp_comm *c, const struct dcomm_coll_args *a, const char *in, size_t stride, char *out,
+                    size_t blen) {
+  int n = c->size, r = c->rank;
+  struct tcp_xop *ops = calloc((size_t)(2 * n), sizeof(*ops));
+  if (!ops) return oom(c);
+  int k = 0;
+  for (int s = 1; s < n; s++) {
+    int to = mod(r + s, n), from = mod(r - s, n);
+    ops[k++] = (struct tcp_xop){.peer = to, .is_send = 1, .sbuf = in + (size_t)to * stride, .len = blen};
+    ops[k++] = (struct tcp_xop){.peer = from, .rbuf = out + (size_t)from * blen, .len = blen};
+  }
+  const char *own = in + (size_t)r * stride;
+  if (out + (size_t)r * blen != own) memmove(out + (size_t)r * blen, own, blen);
+  int rc = tcp_xfer(c, ops, k, a);
+  free(ops);
+  return rc;
+}
+
+/* Every member in shared memory: each sends its input to all the others
+ * at once. Every block is then read from its owner's input, which nobody
+ * writes, rather than forwarded from a block the forwarder has just
+ * written (for a single copy, lines the reader must fetch from the
+ * writer's cache: twice the time of the ring on two ranks). Elsewhere the
+ * ring, whose first step also sends from the input. */
 static int all_gather(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   size_t blen = a->count * dcomm_dtype_size(a->dtype);
+  int n = c->size, r = c->rank;
   char *out = a->recvbuf;
-  if (out + (size_t)c->rank * blen != a->sendbuf) memmove(out + (size_t)c->rank * blen, a->sendbuf, blen);
-  return ring_gather_blocks(c, a, out, blen);
+  if (n == 1 || c->nshm < n - 1) {
+    if (out + (size_t)r * blen != a->sendbuf) memmove(out + (size_t)r * blen, a->sendbuf, blen);
+    return ring_gather_blocks(c, a, out, a->sendbuf, blen);
+  }
+  return pairwise(c, a, a->sendbuf, 0, out, blen);
 }
 
 /* Builds the op list of a direct exchange: root sends/receives all blocks. */
@@ -232,7 +273,7 @@ static int direct(struct tcp_comm *c, const struct dcomm_coll_args *a, int gathe
   size_t blen = a->count * dcomm_dtype_size(a->dtype);
   int n = c->size, r = c->rank;
   if (r != a->root) {
-    if (gather) return send1(c, a, a->root, a->sendbuf, blen);
+    if (gather) return send1(c, a, a->root, a->sendbuf, blen, 0);
     return recv1(c, a, a->root, a->recvbuf, blen, 0);
   }
   struct tcp_xop *ops = calloc((size_t)n, sizeof(*ops));
@@ -282,7 +323,7 @@ static int reduce_scatter(struct tcp_comm *c, const struct dcomm_coll_args *a) {
     const char *src = s == 0 ? in + (size_t)sb * blen : prev;
     char *acc = s == n - 2 ? (char *)a->recvbuf : tmp + (size_t)(s % 2) * blen;
     memcpy(acc, in + (size_t)rb * blen, blen);
-    TCP_CHECK(exchange(c, a, mod(r + 1, n), src, blen, mod(r - 1, n), acc, blen, 1));
+    TCP_CHECK(exchange(c, a, mod(r + 1, n), src, blen, mod(r - 1, n), acc, blen, XF_REDUCE | (s ? XF_FWD : 0)));
     prev = acc;
   }
   finish_avg(c, a, a->recvbuf, a->count);
@@ -291,19 +332,7 @@ static int reduce_scatter(struct tcp_comm *c, const struct dcomm_coll_args *a) {
 
 static int all_to_all(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   size_t blen = a->count * dcomm_dtype_size(a->dtype);
-  int n = c->size, r = c->rank;
-  struct tcp_xop *ops = calloc((size_t)(2 * n), sizeof(*ops));
-  if (!ops) return oom(c);
-  int k = 0;
-  for (int s = 1; s < n; s++) {
-    int to = mod(r + s, n), from = mod(r - s, n);
-    ops[k++] = (struct tcp_xop){.peer = to, .is_send = 1, .sbuf = (const char *)a->sendbuf + (size_t)to * blen, .len = blen};
-    ops[k++] = (struct tcp_xop){.peer = from, .rbuf = (char *)a->recvbuf + (size_t)from * blen, .len = blen};
-  }
-  memmove((char *)a->recvbuf + (size_t)r * blen, (const char *)a->sendbuf + (size_t)r * blen, blen);
-  int rc = tcp_xfer(c, ops, k, a);
-  free(ops);
-  return rc;
+  return pairwise(c, a, a->sendbuf, blen, a->recvbuf, blen);
 }
 
 static int barrier(struct tcp_comm *c, const struct dcomm_coll_args *a) {

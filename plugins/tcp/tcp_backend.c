@@ -92,7 +92,8 @@ static int tcp_init(const struct dcomm_host *host, void **out) {
     return host->err(DCOMM_EINVAL, "DCOMM_TRANSPORT='%s' is not auto, shm or tcp", tr);
   }
   ctx->shm_ring = tcp_shm_ring_size(param_size(host, "DCOMM_SHM_RING_SIZE", 1048576));
-  ctx->cma_min = param_size(host, "DCOMM_SHM_CMA_MIN", 1048576);
+  ctx->cma_min = param_size(host, "DCOMM_SHM_CMA_MIN", 16384);
+  ctx->cma_fwd_min = param_size(host, "DCOMM_SHM_CMA_FWD_MIN", 1048576);
   const char *spin = host->param("DCOMM_SHM_SPIN");
   ctx->shm_spin = (spin && *spin ? strtol(spin, NULL, 10) : 50) * 1e-6;
   if (ctx->shm_spin < 0) ctx->shm_spin = 0;

@@ -313,10 +313,12 @@ static int check_hdr(struct tcp_comm *c, int peer, const struct tcp_xop *op, con
 }
 
 /* Whether a frame goes single-copy: a collective's payload of at least
- * DCOMM_SHM_CMA_MIN on a link whose ends may read each other's memory.
- * Never p2p: a blocking send must not wait for its receiver. */
-static int use_cma(const struct tcp_comm *c, const struct tcp_peer *p, int type, size_t len) {
-  return c->ctx->cma_min && type == TCP_F_DATA && len >= c->ctx->cma_min && tcp_shm_cma_pid(p->shm);
+ * DCOMM_SHM_CMA_MIN (DCOMM_SHM_CMA_FWD_MIN for data this rank wrote in the
+ * same call) on a link whose ends may read each other's memory. Never
+ * p2p: a blocking send must not wait for its receiver. */
+static int use_cma(const struct tcp_comm *c, const struct tcp_peer *p, int type, size_t len, int fwd) {
+  size_t min = fwd ? c->ctx->cma_fwd_min : c->ctx->cma_min;
+  return c->ctx->cma_min && type == TCP_F_DATA && len >= min && tcp_shm_cma_pid(p->shm);
 }
 
 /* A single-copy send is complete once the peer's TCP_F_ACK arrives; it
@@ -342,7 +344,7 @@ static int progress_send_ring(struct tcp_comm *c, struct tcp_xop *op, const stru
   if (p->closed)
     return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: lost rank %d (world rank %d) while sending to it (its link closed)",
                     c->label, op->peer, world_of(c, op->peer));
-  if (op->done == 0 && use_cma(c, p, op->hdr.type, op->len)) {
+  if (op->done == 0 && use_cma(c, p, op->hdr.type, op->len, op->fwd)) {
     uint64_t addr = (uint64_t)(uintptr_t)op->sbuf;
     if (!tcp_shm_fits(p->shm, sizeof(addr))) return 0;
     op->hdr.reserved = TCP_HF_CMA;
@@ -760,9 +762,9 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
   return 0;
 }
 
-int tcp_sends_now(struct tcp_comm *c, int peer, size_t len) {
+int tcp_sends_now(struct tcp_comm *c, int peer, size_t len, int fwd) {
   struct tcp_peer *p = &c->peers[peer];
-  return p->shm && !p->closed && !use_cma(c, p, TCP_F_DATA, len) && tcp_shm_fits(p->shm, len);
+  return p->shm && !p->closed && !use_cma(c, p, TCP_F_DATA, len, fwd) && tcp_shm_fits(p->shm, len);
 }
 
 int tcp_p2p_send(struct tcp_comm *c, const struct dcomm_coll_args *a) {
