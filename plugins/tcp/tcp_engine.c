@@ -339,6 +339,8 @@ static int await_ack(struct tcp_comm *c, struct tcp_xop *op, const struct dcomm_
   return 0;
 }
 
+#define SHM_PIECE ((size_t)65536)
+
 static int progress_send_ring(struct tcp_comm *c, struct tcp_xop *op, const struct dcomm_coll_args *a) {
   struct tcp_peer *p = &c->peers[op->peer];
   if (p->closed)
@@ -354,14 +356,17 @@ static int progress_send_ring(struct tcp_comm *c, struct tcp_xop *op, const stru
     op->done = sizeof(op->hdr);
   }
   if (op->cma) return await_ack(c, op, a);
+  /* Large payloads are published piece by piece, so the reader copies
+   * out while the rest is copied in. */
   if (op->done == 0) {
-    long n = tcp_shm_put_frame(p->shm, &op->hdr, op->sbuf, op->len);
+    long n = tcp_shm_put_frame(p->shm, &op->hdr, op->sbuf, op->len < SHM_PIECE ? op->len : SHM_PIECE);
     if (n < 0) return 0;
     op->done = sizeof(op->hdr) + (size_t)n;
   }
   size_t total = sizeof(op->hdr) + op->len;
   while (op->done < total) {
-    size_t n = tcp_shm_put(p->shm, (const char *)op->sbuf + (op->done - sizeof(op->hdr)), total - op->done);
+    size_t want = total - op->done < SHM_PIECE ? total - op->done : SHM_PIECE;
+    size_t n = tcp_shm_put(p->shm, (const char *)op->sbuf + (op->done - sizeof(op->hdr)), want);
     if (!n) return 0;
     op->done += n;
   }
@@ -625,10 +630,17 @@ static int oversubscribed(struct tcp_ctx *ctx) {
  * ranks on the host than processors it yields at once (spinning with
  * pause alone was slower at 4 ranks on 2 cores). */
 #define PAUSE_SPIN 5e-6
+/* A single-copy send waits while its reader copies: the stall allowed
+ * before sleeping grows by the copy's time at this (low) rate, as waking
+ * a sleeping process costs tens of microseconds in a virtual machine. */
+#define CMA_SPIN_RATE 1e9
 static int spin_rings(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_coll_args *a, int *left) {
   const struct dcomm_host *h = c->ctx->host;
   double t0 = h->now(), last = t0;
-  double pause_s = oversubscribed(c->ctx) ? 0 : PAUSE_SPIN;
+  double pause_s = oversubscribed(c->ctx) ? 0 : PAUSE_SPIN, stall = c->ctx->shm_spin;
+  for (int i = 0; i < n && stall > 0; i++) /* DCOMM_SHM_SPIN=0: sleep at once */
+    if (!ops[i].complete && ops[i].is_send && ops[i].cma && c->ctx->shm_spin + (double)ops[i].len / CMA_SPIN_RATE > stall)
+      stall = c->ctx->shm_spin + (double)ops[i].len / CMA_SPIN_RATE;
   for (;;) {
     int moved = 0, any = 0;
     for (int i = 0; i < n; i++) {
@@ -641,7 +653,7 @@ static int spin_rings(struct tcp_comm *c, struct tcp_xop *ops, int n, const stru
     if (!any || !*left || atomic_load_explicit(&c->error, memory_order_relaxed)) return 1;
     double t = h->now();
     if (moved) last = t;
-    else if (t - last >= c->ctx->shm_spin) return 1;
+    else if (t - last >= stall) return 1;
     if (t - t0 > 0.002) return 0;
     if (moved) continue;
     if (t - last >= pause_s) sched_yield();
