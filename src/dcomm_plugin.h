@@ -137,6 +137,16 @@ struct dcomm_backend_v1 {
   /* Blocking form of post + wait, for a backend that can run an op on the
    * caller's thread without allocating a request. */
   int (*run)(void *comm, const struct dcomm_coll_args *a);
+  /* A communicator for some members of parent made from parent's own
+   * connections (ncclCommSplit) instead of a new rendezvous. Collective
+   * over every member of parent: each passes its color (>= 0) and the spec
+   * of its new communicator, or color -1 and spec NULL to join none (then
+   * *comm is NULL). Members of one color form one communicator, ranked by
+   * spec->rank. DCOMM_ENOTSUP: not possible here (the library, a setting,
+   * or parent's handle is gone); the core then calls comm_create on the
+   * members. A rank whose peers took the other path gets an error by the
+   * deadline, never a hang. */
+  int (*comm_split)(void *parent, int color, const struct dcomm_comm_spec *spec, void **comm);
 };
 
 /* An optional op of table be, or NULL when be's table is too short for it. */

@@ -61,8 +61,26 @@ void dcomm__group_release(struct dcomm_group *grp) {
   grp->world_ranks = NULL;
 }
 
-/* Makes a group from world ranks (already validated); connects if member. */
-static int make_group(uint64_t id, const int *world_ranks, int n, double timeout, const char *kind, dcomm_group_t *out) {
+/* Gives grp its communicator: split from parent's when the backend can
+ * (every member of parent takes part, members of grp with color), else a
+ * new one on the members alone. */
+static int group_attach(struct dcomm_group *grp, struct dcomm_group *parent, int color) {
+  int (*split)(void *, int, const struct dcomm_comm_spec *, void **) = DCOMM_BACKEND_OP(dcomm__w.be, comm_split);
+  if (split && parent->bcomm) {
+    struct dcomm_comm_spec spec = dcomm__group_spec(grp);
+    int rc = split(parent->bcomm, grp->is_member ? color : -1, grp->is_member ? &spec : NULL, &grp->bcomm);
+    if (rc == 0) return 0;
+    grp->bcomm = NULL;
+    if (rc != DCOMM_ENOTSUP) return dcomm__err_ctx(rc, "splitting the communicator of %s from %s", grp->label, parent->label);
+    DCOMM_LOG(DEBUG, GROUP, "%s: no split from %s (%s): a new communicator", grp->label, parent->label, dcomm_last_error());
+  }
+  return grp->is_member ? dcomm__group_connect(grp) : 0;
+}
+
+/* Makes a group from world ranks (already validated) on every member of
+ * parent; color as for group_attach. */
+static int make_group(uint64_t id, const int *world_ranks, int n, double timeout, struct dcomm_group *parent, int color,
+                      const char *kind, dcomm_group_t *out) {
   struct dcomm_group *grp = calloc(1, sizeof(*grp));
   if (!grp) return dcomm__err(DCOMM_ENOMEM, "%s: out of memory", kind);
   grp->world_ranks = malloc(sizeof(int) * (size_t)(n ? n : 1));
@@ -79,13 +97,11 @@ static int make_group(uint64_t id, const int *world_ranks, int n, double timeout
     if (world_ranks[i] == dcomm__w.rank) grp->rank = i;
   grp->is_member = grp->rank >= 0;
   snprintf(grp->label, sizeof(grp->label), "group %016llx", (unsigned long long)id);
-  if (grp->is_member) {
-    int rc = dcomm__group_connect(grp);
-    if (rc < 0) {
-      free(grp->world_ranks);
-      free(grp);
-      return rc;
-    }
+  int rc = group_attach(grp, parent, color);
+  if (rc < 0) {
+    free(grp->world_ranks);
+    free(grp);
+    return rc;
   }
   pthread_mutex_lock(&dcomm__w.lock); /* the elastic watcher walks the list */
   grp->next = dcomm__w.groups;
@@ -117,7 +133,7 @@ int dcomm_new_group(const int *world_ranks, int n, dcomm_group_t *group) {
   free(seen);
   uint64_t serial = dcomm__w.new_groups++;
   uint64_t id = dcomm__hash64(world->id ^ (serial * 0x9e3779b97f4a7c15ull), world_ranks, sizeof(int) * (size_t)n);
-  return make_group(id, world_ranks, n, world->timeout, "new_group", group);
+  return make_group(id, world_ranks, n, world->timeout, world, 0, "new_group", group);
 }
 
 struct split_entry {
@@ -178,7 +194,7 @@ int dcomm_group_split(dcomm_group_t parent, int color, int key, dcomm_group_t *g
   if (rc == 0) {
     uint64_t seed = p->id ^ ((serial + 1) * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)(uint32_t)color << 32);
     uint64_t id = dcomm__hash64(seed, members, sizeof(int) * (size_t)n);
-    rc = make_group(id, members, n, p->timeout, "group_split", group); /* n is 0 for color < 0 */
+    rc = make_group(id, members, n, p->timeout, p, color < 0 ? -1 : color, "group_split", group); /* n is 0 for color < 0 */
   }
   free(all), free(ent), free(members);
   return rc;

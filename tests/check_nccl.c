@@ -1,8 +1,9 @@
 /*
  * check_nccl.c: what the nccl backend decides without a GPU, against the
  * real plugin code and the NCCL library installed here: the version
- * gating of ncclCommShrink / ncclCommRevoke (build and run time), the
- * argument checks and fall-back answers of the comm_shrink op, the
+ * gating of ncclCommSplit / ncclCommShrink / ncclCommRevoke (build and run
+ * time), the argument checks and fall-back answers of the comm_shrink and
+ * comm_split ops, the
  * optional-op lookup of the backend table, and the message for two ranks
  * of one communicator on one GPU (ncclInvalidUsage). Built only when
  * configure found NCCL; nothing here needs a CUDA device.
@@ -50,10 +51,12 @@ static struct dcomm_host host = {.size = sizeof(struct dcomm_host), .now = t_now
 START_TEST(test_version_constants) {
   /* The encodings NCCL uses, and the first versions with each call. */
   ck_assert_int_eq(NCCL_VERSION(2, 27, 0), 22700);
+  ck_assert_int_eq(DNCCL_SPLIT_VERSION, 21800);
   ck_assert_int_eq(DNCCL_SHRINK_VERSION, 22700);
   ck_assert_int_eq(DNCCL_REVOKE_VERSION, 22807);
   ck_assert_int_eq(DNCCL_GROUP_ABORT_VERSION, 22200);
   /* Built against the header found by configure (2.28.9 here). */
+  ck_assert_int_eq(DNCCL_BUILD_SPLIT, NCCL_VERSION_CODE >= 21800);
   ck_assert_int_eq(DNCCL_BUILD_SHRINK, NCCL_VERSION_CODE >= 22700);
   ck_assert_int_eq(DNCCL_BUILD_REVOKE, NCCL_VERSION_CODE >= 22807);
   char vs[32];
@@ -65,30 +68,35 @@ START_TEST(test_version_constants) {
 END_TEST
 
 struct caps_case {
-  int version, built_shrink, have_shrink, built_revoke, have_revoke;
-  int shrink, revoke, group_abort;
+  int version;
+  struct dnccl_syms syms;
+  int split, shrink, revoke, group_abort;
 };
 
+#define ALL_SYMS {1, 1, 1, 1, 1, 1}
 static const struct caps_case caps_cases[] = {
-    {22809, 1, 1, 1, 1, 1, 1, 1}, /* 2.28.9: everything */
-    {22807, 1, 1, 1, 1, 1, 1, 1}, /* first with revoke */
-    {22806, 1, 1, 1, 1, 1, 0, 1}, /* a 2.28 before revoke */
-    {22700, 1, 1, 1, 1, 1, 0, 1}, /* first with shrink */
-    {22609, 1, 1, 1, 1, 0, 0, 1}, /* an older library loaded at run time */
-    {22199, 1, 1, 1, 1, 0, 0, 0}, /* before grouped aborts */
-    {2804, 1, 1, 1, 1, 0, 0, 0},  /* old encoding */
-    {22809, 1, 0, 1, 0, 0, 0, 1}, /* new version number, symbols missing */
-    {22809, 0, 1, 0, 1, 0, 0, 1}, /* built against an old header */
+    {22809, ALL_SYMS, 1, 1, 1, 1},           /* 2.28.9: everything */
+    {22807, ALL_SYMS, 1, 1, 1, 1},           /* first with revoke */
+    {22806, ALL_SYMS, 1, 1, 0, 1},           /* a 2.28 before revoke */
+    {22700, ALL_SYMS, 1, 1, 0, 1},           /* first with shrink */
+    {22609, ALL_SYMS, 1, 0, 0, 1},           /* an older library loaded at run time */
+    {22199, ALL_SYMS, 1, 0, 0, 0},           /* before grouped aborts */
+    {21800, ALL_SYMS, 1, 0, 0, 0},           /* first with split */
+    {21703, ALL_SYMS, 0, 0, 0, 0},           /* before split */
+    {2804, ALL_SYMS, 0, 0, 0, 0},            /* old encoding */
+    {22809, {1, 0, 1, 0, 1, 0}, 0, 0, 0, 1}, /* new version number, symbols missing */
+    {22809, {0, 1, 0, 1, 0, 1}, 0, 0, 0, 1}, /* built against an old header */
+    {22809, {1, 1, 1, 0, 1, 1}, 1, 0, 1, 1}, /* one symbol missing: only that call */
 };
 
 START_TEST(test_caps) {
   const struct caps_case *k = &caps_cases[_i];
   struct dnccl_caps c;
   memset(&c, 0x55, sizeof(c));
-  dnccl_caps_compute(k->version, k->built_shrink, k->have_shrink, k->built_revoke, k->have_revoke, &c);
-  ck_assert_msg(c.shrink == k->shrink && c.revoke == k->revoke && c.group_abort == k->group_abort,
-                "case %d (version %d): shrink %d revoke %d group_abort %d", _i, k->version, c.shrink, c.revoke,
-                c.group_abort);
+  dnccl_caps_compute(k->version, &k->syms, &c);
+  ck_assert_msg(c.split == k->split && c.shrink == k->shrink && c.revoke == k->revoke && c.group_abort == k->group_abort,
+                "case %d (version %d): split %d shrink %d revoke %d group_abort %d", _i, k->version, c.split, c.shrink,
+                c.revoke, c.group_abort);
 }
 END_TEST
 
@@ -96,16 +104,12 @@ END_TEST
 START_TEST(test_caps_loaded_library) {
   int ver = 0;
   ck_assert_int_eq(ncclGetVersion(&ver), ncclSuccess);
-  int have_shrink = 0, have_revoke = 0;
-#if DNCCL_BUILD_SHRINK
-  have_shrink = ncclCommShrink != NULL;
-#endif
-#if DNCCL_BUILD_REVOKE
-  have_revoke = ncclCommRevoke != NULL;
-#endif
+  struct dnccl_syms y = dnccl_syms_here();
   struct dnccl_caps c;
-  dnccl_caps_compute(ver, DNCCL_BUILD_SHRINK, have_shrink, DNCCL_BUILD_REVOKE, have_revoke, &c);
-  fprintf(stderr, "loaded NCCL %d: shrink %d, revoke %d, group abort %d\n", ver, c.shrink, c.revoke, c.group_abort);
+  dnccl_caps_compute(ver, &y, &c);
+  fprintf(stderr, "loaded NCCL %d: split %d, shrink %d, revoke %d, group abort %d\n", ver, c.split, c.shrink, c.revoke,
+          c.group_abort);
+  ck_assert_int_eq(c.split, ver >= 21800 && NCCL_VERSION_CODE >= 21800);
   ck_assert_int_eq(c.shrink, ver >= 22700 && NCCL_VERSION_CODE >= 22700);
   ck_assert_int_eq(c.revoke, ver >= 22807 && NCCL_VERSION_CODE >= 22807);
 }
@@ -161,6 +165,8 @@ static void comm_setup(int rank, int size, int can_shrink) {
   ctx.host = &host;
   ctx.version = 22809;
   ctx.caps.shrink = can_shrink;
+  ctx.caps.split = 1;
+  ctx.split = 1;
   comm.ctx = &ctx;
   comm.rank = rank;
   comm.size = size;
@@ -214,6 +220,48 @@ START_TEST(test_shrink_op) {
 }
 END_TEST
 
+/* comm_split: every refusal comes before any CUDA or NCCL call, and the
+ * ones that mean "create it instead" are DCOMM_ENOTSUP. */
+START_TEST(test_split_op) {
+  int (*split)(void *, int, const struct dcomm_comm_spec *, void **) = DCOMM_BACKEND_OP(&dcomm_backend_v1, comm_split);
+  ck_assert_ptr_nonnull(split);
+  void *out = (void *)&out;
+  struct dcomm_comm_spec spec = {.comm_id = 9, .rank = 1, .size = 2, .deadline = t_now() + 5, .label = "group 9"};
+  ck_assert_int_eq(split(NULL, 0, &spec, &out), DCOMM_EINVAL);
+  ck_assert_ptr_null(out);
+  comm_setup(0, 4, 1);
+  ck_assert_int_eq(split(&comm, 0, &spec, NULL), DCOMM_EINVAL);
+
+  /* color and spec go together; the rank must fit the size */
+  ck_assert_int_eq(split(&comm, 0, NULL, &out), DCOMM_EINVAL);
+  ck_assert_msg(strstr(last_err, "without a spec"), "%s", last_err);
+  ck_assert_int_eq(split(&comm, -1, &spec, &out), DCOMM_EINVAL);
+  ck_assert_msg(strstr(last_err, "a spec with color -1"), "%s", last_err);
+  ck_assert_int_eq(split(&comm, -2, NULL, &out), DCOMM_EINVAL);
+  struct dcomm_comm_spec bad = spec;
+  bad.rank = 2;
+  ck_assert_int_eq(split(&comm, 3, &bad, &out), DCOMM_EINVAL);
+  ck_assert_msg(strstr(last_err, "rank 2 is not in a communicator of size 2"), "%s", last_err);
+
+  /* turned off, too old, or the parent is gone: the core creates instead */
+  comm_setup(0, 4, 1);
+  ctx.split = 0;
+  ck_assert_int_eq(split(&comm, 0, &spec, &out), DCOMM_ENOTSUP);
+  ck_assert_msg(strstr(last_err, "DCOMM_NCCL_SPLIT=0"), "%s", last_err);
+  comm_setup(0, 4, 1);
+  ctx.caps.split = 0;
+  ctx.version = 21703;
+  ck_assert_int_eq(split(&comm, -1, NULL, &out), DCOMM_ENOTSUP);
+  ck_assert_msg(strstr(last_err, "2.17.3") && strstr(last_err, "needs 2.18"), "%s", last_err);
+  comm_setup(0, 4, 1); /* comm.nc is NULL: released or aborted */
+  ck_assert_int_eq(split(&comm, 0, &spec, &out), DCOMM_ENOTSUP);
+  ck_assert_msg(strstr(last_err, "aborted or broke"), "%s", last_err);
+  comm.aborted = DCOMM_EREVOKED;
+  ck_assert_int_eq(split(&comm, -1, NULL, &out), DCOMM_ENOTSUP);
+  ck_assert_ptr_null(out);
+}
+END_TEST
+
 /* A table from an older module (shorter size) reads as "not supported". */
 START_TEST(test_optional_op_lookup) {
   struct dcomm_backend_v1 t = dcomm_backend_v1;
@@ -223,6 +271,10 @@ START_TEST(test_optional_op_lookup) {
   ck_assert_ptr_null(DCOMM_BACKEND_OP(&t, comm_set_stream));
   t.size = offsetof(struct dcomm_backend_v1, comm_shrink);
   ck_assert_ptr_null(DCOMM_BACKEND_OP(&t, comm_shrink));
+  t = dcomm_backend_v1;
+  ck_assert_ptr_nonnull(DCOMM_BACKEND_OP(&t, comm_split));
+  t.size = offsetof(struct dcomm_backend_v1, comm_split); /* a module from before comm_split */
+  ck_assert_ptr_null(DCOMM_BACKEND_OP(&t, comm_split));
 }
 END_TEST
 
@@ -264,6 +316,7 @@ int main(void) {
   tcase_add_test(tc, test_caps_loaded_library);
   tcase_add_loop_test(tc, test_shrink_plan, 0, (int)(sizeof(plan_cases) / sizeof(plan_cases[0])));
   tcase_add_test(tc, test_shrink_op);
+  tcase_add_test(tc, test_split_op);
   tcase_add_test(tc, test_optional_op_lookup);
   tcase_add_test(tc, test_set_stream_args);
   tcase_add_test(tc, test_duplicate_gpu_text);

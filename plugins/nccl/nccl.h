@@ -10,6 +10,8 @@
  *   nccl_shrink.c   comm_shrink: survivors of a failed communicator make a
  *                   smaller one with ncclCommShrink (NCCL_SHRINK_ABORT),
  *                   after a revoke has quiesced it;
+ *   nccl_split.c    comm_split: sub-groups made from the parent's
+ *                   communicator with ncclCommSplit;
  *   nccl_caps.c     what needs no GPU (version gating, shrink arguments,
  *                   result names, init failure text), unit-checked here.
  * Only dcomm_plugin.h and dcomm.h are included from the core; everything
@@ -37,7 +39,8 @@
 #error "the nccl backend needs NCCL >= 2.14 (non-blocking communicators, ncclConfig_t)"
 #endif
 
-/* First versions with ncclCommShrink and ncclCommRevoke. */
+/* First versions with ncclCommSplit, ncclCommShrink and ncclCommRevoke. */
+#define DNCCL_SPLIT_VERSION NCCL_VERSION(2, 18, 0)
 #define DNCCL_SHRINK_VERSION NCCL_VERSION(2, 27, 0)
 #define DNCCL_REVOKE_VERSION NCCL_VERSION(2, 28, 7)
 /* Aborting several communicators inside one group (so that no abort waits
@@ -47,6 +50,11 @@
 /* Build-time availability of the fault-tolerance calls (the header's
  * version); run-time availability is checked again in init (the loaded
  * libnccl may be older, its symbols are referenced weakly). */
+#if NCCL_VERSION_CODE >= DNCCL_SPLIT_VERSION
+#define DNCCL_BUILD_SPLIT 1
+#else
+#define DNCCL_BUILD_SPLIT 0
+#endif
 #if NCCL_VERSION_CODE >= DNCCL_SHRINK_VERSION
 #define DNCCL_BUILD_SHRINK 1
 #else
@@ -60,6 +68,9 @@
 
 /* Referenced weakly in every file, so that the module still loads against
  * an older libnccl; init checks both the version and the symbol. */
+#if DNCCL_BUILD_SPLIT
+#pragma weak ncclCommSplit
+#endif
 #if DNCCL_BUILD_SHRINK
 #pragma weak ncclCommShrink
 #endif
@@ -69,6 +80,7 @@
 
 /* What the loaded NCCL can do for recovery. */
 struct dnccl_caps {
+  int split;       /* ncclCommSplit usable */
   int shrink;      /* ncclCommShrink usable */
   int revoke;      /* ncclCommRevoke usable */
   int group_abort; /* ncclCommAbort may be grouped */
@@ -97,6 +109,7 @@ struct dnccl_ctx {
   int version;          /* ncclGetVersion of the loaded library */
   int local_rank, local_size;
   struct dnccl_caps caps; /* from the version and the symbols found */
+  int split;            /* DCOMM_NCCL_SPLIT: sub-groups by ncclCommSplit */
   double finalize_timeout; /* bound on ncclCommFinalize (DCOMM_TIMEOUT) */
   char devname[256];
   char busid[32];
@@ -142,8 +155,17 @@ enum dnccl_stop {
 
 /* nccl_caps.c */
 void dnccl_version_text(int v, char *buf, size_t len);
-void dnccl_caps_compute(int version, int built_shrink, int have_shrink, int built_revoke, int have_revoke,
-                        struct dnccl_caps *out);
+/* Which calls exist: built (the header had them) and have (the loaded
+ * library's symbol was found), for split, shrink and revoke. */
+struct dnccl_syms {
+  int built_split, have_split, built_shrink, have_shrink, built_revoke, have_revoke;
+};
+void dnccl_caps_compute(int version, const struct dnccl_syms *syms, struct dnccl_caps *out);
+/* The symbols of this build and of the loaded library. */
+struct dnccl_syms dnccl_syms_here(void);
+/* Checks comm_split's arguments: color -1 with no spec, or color >= 0
+ * with a spec whose rank is in range. 0, or DCOMM_EINVAL with why. */
+int dnccl_split_check(int color, const struct dcomm_comm_spec *spec, char *why, size_t len);
 const char *dnccl_result_name(ncclResult_t r);
 /* Checks a shrink of a comm of size ranks, called by rank: exclude holds
  * nexclude distinct ranks of the comm, not rank itself, and leaves at
@@ -180,6 +202,12 @@ int dnccl_wait_quiet(struct dnccl_comm *c, double deadline);
 /* A new comm of ctx with its stream and barrier buffer, on the live list
  * and without an NCCL handle yet; comm_free undoes it. */
 int dnccl_comm_new(struct dnccl_ctx *ctx, uint64_t id, int rank, int size, const char *label, struct dnccl_comm **out);
+/* After an NCCL call that made nc for c from a parent (split, shrink; nr
+ * its result, text the parent's error text): gives c the handle, or
+ * aborts nc and returns the error, also when a process-wide abort came
+ * first. c NULL (a rank that joins none): nc is dropped. */
+int dnccl_adopt(const struct dcomm_host *h, struct dnccl_comm *c, ncclComm_t nc, ncclResult_t nr, const char *text,
+                const char *call, const char *parent);
 /* Frees c (taking it off the live list); its NCCL handle must be gone. */
 void dnccl_comm_free(struct dnccl_comm *c);
 /* Aborts c's own NCCL handle only (c->mu not held). */
@@ -194,5 +222,8 @@ int dnccl_set_stream(void *comm, void *stream);
 
 /* nccl_shrink.c */
 int dnccl_comm_shrink(void *comm, const int *exclude, int nexclude, const struct dcomm_comm_spec *spec, void **out);
+
+/* nccl_split.c */
+int dnccl_comm_split(void *parent, int color, const struct dcomm_comm_spec *spec, void **out);
 
 #endif

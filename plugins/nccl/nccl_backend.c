@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "dcomm.h"
@@ -345,14 +346,10 @@ static int be_init(const struct dcomm_host *host, void **out) {
   if (cudaDeviceGetPCIBusId(ctx->busid, (int)sizeof(ctx->busid), ctx->dev) != cudaSuccess)
     snprintf(ctx->busid, sizeof(ctx->busid), "?");
   (void)cudaGetLastError();
-  int have_shrink = 0, have_revoke = 0;
-#if DNCCL_BUILD_SHRINK
-  have_shrink = ncclCommShrink != NULL;
-#endif
-#if DNCCL_BUILD_REVOKE
-  have_revoke = ncclCommRevoke != NULL;
-#endif
-  dnccl_caps_compute(ver, DNCCL_BUILD_SHRINK, have_shrink, DNCCL_BUILD_REVOKE, have_revoke, &ctx->caps);
+  struct dnccl_syms syms = dnccl_syms_here();
+  dnccl_caps_compute(ver, &syms, &ctx->caps);
+  const char *sp = host->param ? host->param("DCOMM_NCCL_SPLIT") : NULL;
+  ctx->split = !(sp && (!strcmp(sp, "0") || !strcasecmp(sp, "false") || !strcasecmp(sp, "no") || !strcasecmp(sp, "off")));
   const char *t = host->param ? host->param("DCOMM_TIMEOUT") : NULL;
   char *end = NULL;
   ctx->finalize_timeout = t ? strtod(t, &end) : 0;
@@ -367,9 +364,9 @@ static int be_init(const struct dcomm_host *host, void **out) {
   if (blk && atoi(blk) != 0)
     DNCCL_LOG(host, WARN, "nccl backend: NCCL_COMM_BLOCKING=%s makes NCCL calls blocking: an abort cannot interrupt them",
               blk);
-  DNCCL_LOG(host, INFO, "nccl backend: NCCL %s, CUDA device %d of %d (%s, %s), shrink %s, revoke %s, group abort %s", vs,
-            ctx->dev, ndev, ctx->devname, ctx->busid, ctx->caps.shrink ? "yes" : "no", ctx->caps.revoke ? "yes" : "no",
-            ctx->caps.group_abort ? "yes" : "no");
+  DNCCL_LOG(host, INFO, "nccl backend: NCCL %s, CUDA device %d of %d (%s, %s), split %s, shrink %s, revoke %s, group abort %s",
+            vs, ctx->dev, ndev, ctx->devname, ctx->busid, ctx->caps.split && ctx->split ? "yes" : "no",
+            ctx->caps.shrink ? "yes" : "no", ctx->caps.revoke ? "yes" : "no", ctx->caps.group_abort ? "yes" : "no");
   *out = ctx;
   return 0;
 }
@@ -408,8 +405,9 @@ static int be_describe(void *vctx, char *buf, size_t len) {
   char vs[32] = "?";
   if (ncclGetVersion(&ver) == ncclSuccess) dnccl_version_text(ver, vs, sizeof(vs));
   if (ctx) {
-    snprintf(buf, len, "nccl %s, %d CUDA device(s), using device %d (%s, %s); shrink %s, revoke %s", vs, ctx->ndev,
-             ctx->dev, ctx->devname, ctx->busid, ctx->caps.shrink ? "yes" : "no", ctx->caps.revoke ? "yes" : "no");
+    snprintf(buf, len, "nccl %s, %d CUDA device(s), using device %d (%s, %s); split %s, shrink %s, revoke %s", vs,
+             ctx->ndev, ctx->dev, ctx->devname, ctx->busid, ctx->caps.split && ctx->split ? "yes" : "no",
+             ctx->caps.shrink ? "yes" : "no", ctx->caps.revoke ? "yes" : "no");
     return 0;
   }
   int ndev = 0;
@@ -507,6 +505,31 @@ int dnccl_comm_new(struct dnccl_ctx *ctx, uint64_t id, int rank, int size, const
   c->initializing = 1;
   live_add(c); /* from here a process-wide abort covers the init too */
   *out = c;
+  return 0;
+}
+
+int dnccl_adopt(const struct dcomm_host *h, struct dnccl_comm *c, ncclComm_t nc, ncclResult_t nr, const char *text,
+                const char *call, const char *parent) {
+  if (nr != ncclSuccess && nr != ncclInProgress) {
+    if (nc) (void)ncclCommAbort(nc);
+    int err = nr == ncclInvalidUsage || nr == ncclInvalidArgument ? DCOMM_EINVAL : dnccl_map_result(nr);
+    return h->err(err, "nccl backend: %s of %s failed: %s", call, parent, text);
+  }
+  if (!c) {
+    if (nc) (void)ncclCommAbort(nc); /* a rank that joins none keeps none */
+    return 0;
+  }
+  pthread_mutex_lock(&c->mu);
+  if (c->aborted) { /* a process-wide abort came in between */
+    pthread_mutex_unlock(&c->mu);
+    if (nc) (void)ncclCommAbort(nc);
+    pthread_mutex_lock(&c->mu);
+    int rc = dnccl_state_error(c, call);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+  }
+  c->nc = nc;
+  pthread_mutex_unlock(&c->mu);
   return 0;
 }
 
@@ -666,4 +689,5 @@ __attribute__((visibility("default"))) const struct dcomm_backend_v1 dcomm_backe
     .describe = be_describe,
     .comm_shrink = dnccl_comm_shrink,
     .comm_set_stream = dnccl_set_stream,
+    .comm_split = dnccl_comm_split,
 };

@@ -2,7 +2,7 @@
  * nccl_caps.c: the nccl backend's decisions that need no GPU, kept apart
  * so that tests/check_nccl.c checks them on any machine: which
  * fault-tolerance calls the loaded NCCL offers (version gating at build and
- * run time), the validation of a shrink request, NCCL result names, and
+ * run time), the validation of a shrink or split request, NCCL result names, and
  * the message for a communicator init that NCCL refused (two ranks of one
  * communicator on one GPU). Nothing here calls CUDA or NCCL.
  */
@@ -22,11 +22,42 @@ void dnccl_version_text(int v, char *buf, size_t len) {
   snprintf(buf, len, "%d.%d.%d", major, minor, patch);
 }
 
-void dnccl_caps_compute(int version, int built_shrink, int have_shrink, int built_revoke, int have_revoke,
-                        struct dnccl_caps *out) {
-  out->shrink = built_shrink && have_shrink && version >= DNCCL_SHRINK_VERSION;
-  out->revoke = built_revoke && have_revoke && version >= DNCCL_REVOKE_VERSION;
+void dnccl_caps_compute(int version, const struct dnccl_syms *y, struct dnccl_caps *out) {
+  out->split = y->built_split && y->have_split && version >= DNCCL_SPLIT_VERSION;
+  out->shrink = y->built_shrink && y->have_shrink && version >= DNCCL_SHRINK_VERSION;
+  out->revoke = y->built_revoke && y->have_revoke && version >= DNCCL_REVOKE_VERSION;
   out->group_abort = version >= DNCCL_GROUP_ABORT_VERSION;
+}
+
+struct dnccl_syms dnccl_syms_here(void) {
+  struct dnccl_syms y = {DNCCL_BUILD_SPLIT, 0, DNCCL_BUILD_SHRINK, 0, DNCCL_BUILD_REVOKE, 0};
+#if DNCCL_BUILD_SPLIT
+  y.have_split = ncclCommSplit != NULL;
+#endif
+#if DNCCL_BUILD_SHRINK
+  y.have_shrink = ncclCommShrink != NULL;
+#endif
+#if DNCCL_BUILD_REVOKE
+  y.have_revoke = ncclCommRevoke != NULL;
+#endif
+  return y;
+}
+
+int dnccl_split_check(int color, const struct dcomm_comm_spec *spec, char *why, size_t len) {
+  if (color < -1) {
+    snprintf(why, len, "color %d: a color is >= 0, or -1 for none", color);
+    return DCOMM_EINVAL;
+  }
+  if ((color < 0) != !spec) {
+    snprintf(why, len, color < 0 ? "a spec with color -1 (a rank that joins no communicator has none)"
+                                 : "color %d without a spec for the new communicator", color);
+    return DCOMM_EINVAL;
+  }
+  if (spec && (spec->size < 1 || spec->rank < 0 || spec->rank >= spec->size)) {
+    snprintf(why, len, "rank %d is not in a communicator of size %d", spec->rank, spec->size);
+    return DCOMM_EINVAL;
+  }
+  return 0;
 }
 
 const char *dnccl_result_name(ncclResult_t r) {

@@ -44,22 +44,8 @@ static int shrink_into(struct dnccl_comm *p, struct dnccl_comm *c, int *sorted, 
   char text[640] = "";
   if (nr != ncclSuccess && nr != ncclInProgress) dnccl_result_text(p->nc, nr, text, sizeof(text));
   pthread_mutex_unlock(&p->mu);
-  if (nr != ncclSuccess && nr != ncclInProgress) {
-    if (nc) (void)ncclCommAbort(nc);
-    return h->err(nr == ncclInvalidUsage || nr == ncclInvalidArgument ? DCOMM_EINVAL : dnccl_map_result(nr),
-                  "nccl backend: ncclCommShrink of %s failed: %s", p->label, text);
-  }
-  pthread_mutex_lock(&c->mu);
-  if (c->aborted) { /* a process-wide abort came in between */
-    pthread_mutex_unlock(&c->mu);
-    if (nc) (void)ncclCommAbort(nc);
-    pthread_mutex_lock(&c->mu);
-    int rc = dnccl_state_error(c, "ncclCommShrink");
-    pthread_mutex_unlock(&c->mu);
-    return rc;
-  }
-  c->nc = nc;
-  pthread_mutex_unlock(&c->mu);
+  int rc = dnccl_adopt(h, c, nc, nr, text, "ncclCommShrink", p->label);
+  if (rc < 0) return rc;
   char what[96];
   snprintf(what, sizeof(what), "ncclCommShrink (rank %d of %d)", c->rank, c->size);
   return dnccl_poll_ready(c, deadline, what);

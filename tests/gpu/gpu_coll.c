@@ -340,6 +340,34 @@ static void check_groups(void) {
   }
   free(ranks);
 
+  /* A group that leaves the last rank out: it takes part in the split
+   * (NCCL_SPLIT_NOCOLOR) and is told it is no member. */
+  if (np >= 2) {
+    int *sub = malloc(sizeof(int) * (size_t)(np - 1));
+    for (int i = 0; i < np - 1; i++) sub[i] = i;
+    dcomm_group_t h = NULL;
+    rc = dcomm_new_group(sub, np - 1, &h);
+    result(rc == 0, "new_group of ranks 0..%d: rc %s", np - 2, rctext(rc));
+    if (rc == 0) {
+      int *d = dalloc(4), v = 1;
+      up(d, &v, 4);
+      rc = dcomm_all_reduce(d, 1, DCOMM_INT32, DCOMM_SUM, h);
+      down(&v, d, 4);
+      if (me < np - 1) result(rc == 0 && v == np - 1, "all_reduce on it: rc %s, got %d want %d", rctext(rc), v, np - 1);
+      else result(rc == DCOMM_ENOTMEMBER, "the rank left out gets DCOMM_ENOTMEMBER: rc %s", rctext(rc));
+      cudaFree(d);
+      dcomm_group_free(h);
+    }
+    free(sub);
+    /* the world still works after splits with a rank left out */
+    int *d = dalloc(4), v = 1;
+    up(d, &v, 4);
+    rc = dcomm_all_reduce(d, 1, DCOMM_INT32, DCOMM_SUM, NULL);
+    down(&v, d, 4);
+    result(rc == 0 && v == np, "world all_reduce after the splits: rc %s, got %d want %d", rctext(rc), v, np);
+    cudaFree(d);
+  }
+
   /* split by parity; the core exchanges colors with an all_gather through
    * the backend, so this fails if that exchange uses host memory */
   dcomm_group_t s = NULL;

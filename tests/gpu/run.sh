@@ -134,8 +134,8 @@ if [ "$NDEV" -ge 2 ]; then
   T=$(left 150)
   pids=()
   for ((r = 0; r < N; r++)); do
-    RANK=$r LOCAL_RANK=$r WORLD_SIZE=$N LOCAL_WORLD_SIZE=$N MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT \
-      timeout "$T" "$GPU_COLL" >"$LOGDIR/rank$r.log" 2>&1 &
+    DCOMM_LOG_LEVEL=info DCOMM_LOG_SUBSYS=nccl RANK=$r LOCAL_RANK=$r WORLD_SIZE=$N LOCAL_WORLD_SIZE=$N \
+      MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT timeout "$T" "$GPU_COLL" >"$LOGDIR/rank$r.log" 2>&1 &
     pids+=($!)
   done
   for ((r = 0; r < N; r++)); do
@@ -143,9 +143,15 @@ if [ "$NDEV" -ge 2 ]; then
     rcs[r]=$?
   done
   for ((r = 0; r < N; r++)); do
-    cat "$LOGDIR/rank$r.log"
+    grep -v 'nccl backend:' "$LOGDIR/rank$r.log"
     tally "$LOGDIR/rank$r.log" "world of $N, rank $r" "${rcs[$r]}"
   done
+  # Sub-groups come from ncclCommSplit (NCCL >= 2.18): the backend logs
+  # each split; rank 0 is in the reversed world, the subset and its parity.
+  nsplit=$(grep -c 'split from .* by ncclCommSplit' "$LOGDIR/rank0.log")
+  grep -h 'by ncclCommSplit\|ready: rank' "$LOGDIR/rank0.log" | sed 's/^/  /'
+  if [ "$nsplit" -ge 3 ]; then ok "rank 0's $nsplit sub-groups were split from their parent (ncclCommSplit)"
+  else bad "rank 0 split $nsplit sub-groups with ncclCommSplit, expected 3 (see rank0.log)"; fi
 else
   echo "skip: one GPU, no multi-process run"
 fi
