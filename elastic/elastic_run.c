@@ -31,8 +31,35 @@ int dcomm_checkpoint_save(const char *dir, uint64_t step, const void *data, size
   }
   /* The broadcast of the outcome is the second barrier: nobody goes on
    * before the checkpoint is committed (or known to have failed). */
-  DCOMM_CHECK(dcomm_broadcast(&rc, 1, DCOMM_INT32, 0, NULL));
+  DCOMM_CHECK(dcomm__control_bcast(&rc, sizeof(rc), "checkpoint save"));
   if (rc < 0) return dcomm__err(rc, "checkpoint of step %" PRIu64 " failed on rank 0%s%s", step, *detail ? ": " : "", detail);
+  return 0;
+}
+
+/* What rank 0 found: the outcome, the step, the payload's length and the
+ * file's name in the directory. */
+struct ckpt_head {
+  int64_t rc, step, len;
+  char name[1024]; /* as long as dcomm_ckpt_info.path */
+};
+
+/* Without a broadcast of host memory, each rank reads the file rank 0
+ * chose from the (shared) directory itself; the CRCs vouch for it. */
+static int read_named(const char *dir, const struct ckpt_head *head, void **buf) {
+  char path[2200];
+  snprintf(path, sizeof(path), "%s/%s", dir, head->name);
+  struct dcomm_ckpt_info info;
+  size_t l = 0;
+  int rc = dcomm__ckpt_read_file(path, buf, &l, &info);
+  if (rc < 0)
+    return dcomm__err_ctx(rc, "checkpoint %s, which rank 0 loaded, cannot be read here (the checkpoint directory must "
+                              "be shared by every rank when the backend takes device memory only)", path);
+  if (info.step != (uint64_t)head->step || l != (size_t)head->len) {
+    free(*buf);
+    *buf = NULL;
+    return dcomm__err(DCOMM_EPROTO, "checkpoint %s holds step %" PRIu64 " (%zu bytes) here, but step %" PRId64
+                      " (%" PRId64 " bytes) on rank 0", path, info.step, l, head->step, head->len);
+  }
   return 0;
 }
 
@@ -40,41 +67,48 @@ int dcomm_checkpoint_load(const char *dir, void **data, size_t *len, uint64_t *s
   if (!dir || !data || !len || !step) return dcomm__err(DCOMM_EINVAL, "dcomm_checkpoint_load: NULL argument");
   *data = NULL;
   *len = 0;
-  int64_t head[3] = {0, 0, 0}; /* rc, step, len */
+  int via_store = dcomm__control_via_store();
+  if (via_store < 0) return via_store;
+  struct ckpt_head head;
+  memset(&head, 0, sizeof(head));
   void *buf = NULL;
   if (dcomm_rank() == 0) {
     struct dcomm_ckpt_info info;
     size_t l = 0;
     int rc = dcomm__ckpt_read_latest(dir, &buf, &l, &info);
-    head[0] = rc;
+    head.rc = rc;
     if (rc == 0) {
-      head[1] = (int64_t)info.step;
-      head[2] = (int64_t)l;
+      head.step = (int64_t)info.step;
+      head.len = (int64_t)l;
+      const char *base = strrchr(info.path, '/');
+      snprintf(head.name, sizeof(head.name), "%s", base ? base + 1 : info.path);
     }
   }
-  DCOMM_CHECK(dcomm_broadcast(head, 3, DCOMM_INT64, 0, NULL));
-  if (head[0] < 0) {
+  DCOMM_CHECK(dcomm__control_bcast(&head, sizeof(head), "checkpoint load"));
+  if (head.rc < 0) {
     free(buf);
-    return dcomm__err((int)head[0], "no valid checkpoint in %s", dir);
+    return dcomm__err((int)head.rc, "no valid checkpoint in %s", dir);
   }
-  size_t l = (size_t)head[2];
+  size_t l = (size_t)head.len;
   if (l == 0) { /* empty payload: NULL on every rank, as on rank 0 */
     free(buf);
-    *step = (uint64_t)head[1];
+    *step = (uint64_t)head.step;
     return 0;
   }
-  if (dcomm_rank() != 0) {
-    buf = malloc(l ? l : 1);
-    if (!buf) return dcomm__err(DCOMM_ENOMEM, "out of memory for a %zu-byte checkpoint", l);
+  int rc = 0;
+  if (via_store) {
+    if (dcomm_rank() != 0) rc = read_named(dir, &head, &buf);
+  } else {
+    if (dcomm_rank() != 0 && !(buf = malloc(l))) return dcomm__err(DCOMM_ENOMEM, "out of memory for a %zu-byte checkpoint", l);
+    rc = dcomm_broadcast(buf, l, DCOMM_UINT8, 0, NULL);
   }
-  int rc = dcomm_broadcast(buf, l, DCOMM_UINT8, 0, NULL);
   if (rc < 0) {
     free(buf);
     return rc;
   }
   *data = buf;
   *len = l;
-  *step = (uint64_t)head[1];
+  *step = (uint64_t)head.step;
   return 0;
 }
 
@@ -100,7 +134,7 @@ static int save(const dcomm_elastic_config_t *cfg, uint64_t step) {
   int32_t ok = 1;
   if (dcomm_rank() == 0 && cfg->save && cfg->save(&data, &len, cfg->user) < 0) ok = 0;
   /* Every rank learns whether there is anything to commit. */
-  int rc = dcomm_broadcast(&ok, 1, DCOMM_INT32, 0, NULL);
+  int rc = dcomm__control_bcast(&ok, sizeof(ok), "checkpoint save callback");
   if (rc == 0 && !ok) {
     DCOMM_LOG(WARN, ELASTIC, "save callback failed at step %" PRIu64 ": checkpoint skipped", step);
     free(data);
@@ -127,7 +161,7 @@ static int joiners_waiting(int *grow) {
     if (dcomm__store_set_prefix(dcomm__w.store, "") == 0 && dcomm__store_add(dcomm__w.store, key, 0, &v) == 0) n = (int32_t)v;
     dcomm__world_prefix(&dcomm__w);
   }
-  DCOMM_CHECK(dcomm_broadcast(&n, 1, DCOMM_INT32, 0, NULL));
+  DCOMM_CHECK(dcomm__control_bcast(&n, sizeof(n), "joiner check"));
   *grow = n > 0;
   return 0;
 }

@@ -147,6 +147,9 @@ struct dcomm_backend_v1 {
    * members. A rank whose peers took the other path gets an error by the
    * deadline, never a hang. */
   int (*comm_split)(void *parent, int color, const struct dcomm_comm_spec *spec, void **comm);
+  /* 0: collectives take device memory only (the core then sends its own
+   * host values through the store); NULL or 1: host memory is fine. */
+  int (*host_buffers)(void *ctx);
 };
 
 /* An optional op of table be, or NULL when be's table is too short for it. */

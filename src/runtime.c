@@ -271,6 +271,7 @@ int dcomm__world_prefix(struct dcomm_world *w) {
 
 int dcomm__world_enter(struct dcomm_world *w) {
   DCOMM_CHECK(dcomm__world_prefix(w));
+  w->control_seq = 0; /* restarts per generation, joiners included */
   dcomm__log_set_identity(w->rank, w->generation);
   host_identity(w);
   char key[64];

@@ -43,6 +43,7 @@ struct dcomm_world {
   struct dcomm_group world;  /* the world group (dcomm_group_t NULL) */
   struct dcomm_group *groups; /* sub-groups, newest first */
   uint64_t new_groups;        /* dcomm_new_group calls so far */
+  uint64_t control_seq;       /* dcomm__control_bcast calls in this generation */
   pthread_mutex_t lock;       /* guards comms against the elastic watcher */
   /* elastic state */
   int elastic;
@@ -105,6 +106,13 @@ int dcomm__groups_rebuild(char (*old_members)[40], int old_size);
 
 /* collectives.c: runs one op through the backend (post + wait). */
 int dcomm__run_op(struct dcomm_group *grp, struct dcomm_coll_args *a, const char *what);
+
+/* control.c: len bytes of host data from world rank 0 to every rank (the
+ * runtime's own agreements); what names the call in messages. */
+int dcomm__control_bcast(void *buf, size_t len, const char *what);
+/* 1: those go through the store (the backend takes device memory only, or
+ * DCOMM_CONTROL_PATH=store), 0: the backend's broadcast; <0: bad setting. */
+int dcomm__control_via_store(void);
 
 /* elastic/: watcher thread, joiner rendezvous. */
 int dcomm__elastic_start(struct dcomm_world *w);

@@ -88,6 +88,22 @@ DCOMM_ELASTIC_MAX_WORLD=3 case_run "DCOMM_ELASTIC_MAX_WORLD=3: the replacement w
 STOP_RANK=1 case_run "SIGSTOP of rank 1 (heartbeat detection)" 3 1 -- --sleep-ms 40
 case_run "replace policy brings the world back to 4" 4 1 --restart-policy replace -- --kill-rank 3 --kill-at-step 23
 case_run "all policy restarts every worker from the checkpoint" 4 0 --restart-policy all --max-restarts 2 -- --kill-rank 1 --kill-at-step 23
+# The path a GPU (device-memory-only) backend takes: checkpoint outcomes
+# and headers through the store, the payload read by each rank from the
+# directory. The log line shows the path was taken.
+store_path() {
+  local before=$pass
+  DCOMM_CONTROL_PATH=store DCOMM_LOG_LEVEL=info DCOMM_LOG_SUBSYS=elastic case_run "$@"
+  if [ $pass -gt $before ] && ! grep -q 'control values from rank 0 go through the store (DCOMM_CONTROL_PATH=store)' "$work/$n.err"; then
+    pass=$before
+    fail=$((fail + 1))
+    echo "not ok $n - $1: the store path was not taken"
+  fi
+}
+store_path "control values through the store: kill -9 of rank 2, restore from the directory" 3 1 -- --kill-rank 2 --kill-at-step 23
+store_path "control values through the store: kill -9 of rank 0 in its save callback (the others wait in the store, the revoke ends it)" 3 1 -- --kill-rank 0 --kill-at-step 19 --kill-in-save 1
+store_path "control values through the store: a replacement loads the checkpoint itself" 4 1 --restart-policy replace -- --kill-rank 3 --kill-at-step 23
+store_path "control values through the store: all policy restarts from the checkpoint" 4 0 --restart-policy all --max-restarts 2 -- --kill-rank 1 --kill-at-step 23
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

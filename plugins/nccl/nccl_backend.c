@@ -533,6 +533,12 @@ int dnccl_adopt(const struct dcomm_host *h, struct dnccl_comm *c, ncclComm_t nc,
   return 0;
 }
 
+/* Collectives take device memory only (the seeds' first pitfall). */
+static int be_host_buffers(void *ctx) {
+  (void)ctx;
+  return 0;
+}
+
 static int be_comm_create(void *vctx, const struct dcomm_comm_spec *spec, void **out) {
   struct dnccl_ctx *ctx = vctx;
   const struct dcomm_host *h = ctx->host;
@@ -690,4 +696,5 @@ __attribute__((visibility("default"))) const struct dcomm_backend_v1 dcomm_backe
     .comm_shrink = dnccl_comm_shrink,
     .comm_set_stream = dnccl_set_stream,
     .comm_split = dnccl_comm_split,
+    .host_buffers = be_host_buffers,
 };
