@@ -8,7 +8,8 @@
  *   gpu_coll --count-devices prints the number of CUDA devices (0 if none)
  * Every collective is checked against expected values copied back with
  * cudaMemcpy; then host buffers and tags are checked to fail cleanly,
- * sub-groups are built, latency and bandwidth are measured, and a timeout
+ * sub-groups are built, a checkpoint is saved and loaded (its host values
+ * go through the store), latency and bandwidth are measured, and a timeout
  * forces an abort followed by finalize and a new init (timed). The last
  * line is "[rank R] GPU checks: N passed, M failed"; exit 0 when M is 0.
  */
@@ -24,6 +25,7 @@
 
 #include "bench_util.h"
 #include "dcomm.h"
+#include "dcomm_elastic.h"
 
 static int me, np = 1, passed, failed;
 static int multi;      /* launched through env:// */
@@ -465,6 +467,25 @@ static void abort_cycle(void) {
            t_later * 1e3, t_fin * 1e3, t_init * 1e3);
 }
 
+/* Checkpoints with a device-memory-only backend: rank 0's outcome and the
+ * header go through the store, every rank reads the file itself. */
+static void check_checkpoint(void) {
+  char dir[512];
+  const char *top = getenv("GPU_CKPT_DIR"); /* run.sh: its log folder */
+  snprintf(dir, sizeof(dir), "%s/ckpt.%d", top && *top ? top : "/tmp", base_port);
+  double payload[4] = {1.5, -2.25, 1e300, (double)np};
+  int rc = dcomm_checkpoint_save(dir, 7, payload, sizeof(payload));
+  result(rc == 0, "checkpoint_save of step 7 with the nccl world: rc %s", rctext(rc));
+  void *data = NULL;
+  size_t len = 0;
+  uint64_t step = 0;
+  rc = dcomm_checkpoint_load(dir, &data, &len, &step);
+  result(rc == 0 && step == 7 && len == sizeof(payload) && data && !memcmp(data, payload, sizeof(payload)),
+         "checkpoint_load gives every rank rank 0's step 7 and payload: rc %s, step %llu, %zu bytes", rctext(rc),
+         (unsigned long long)step, len);
+  free(data);
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc > 1 && !strcmp(argv[1], "--count-devices")) {
@@ -504,6 +525,7 @@ int main(int argc, char **argv) {
   check_barrier_p2p();
   check_bad_buffers();
   check_groups();
+  check_checkpoint();
   figures();
   abort_cycle();
   if (dcomm_initialized()) {
