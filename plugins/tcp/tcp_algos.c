@@ -80,7 +80,7 @@ static int allreduce_rd(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   int vr;
   if (r < 2 * rem) {
     if (r % 2 == 0) {
-      TCP_CHECK(send1(c, a, r + 1, buf, len, 0));
+      TCP_CHECK(send1(c, a, r + 1, buf, len, 1));
       vr = -1;
     } else {
       TCP_CHECK(recv1(c, a, r - 1, buf, len, 1));
@@ -122,7 +122,10 @@ static int allreduce_ring(struct tcp_comm *c, const struct dcomm_coll_args *a) {
     size_t so, sc, ro, rc;
     seg(a->count, n, mod(r - s, n), &so, &sc);
     seg(a->count, n, mod(r - s - 1, n), &ro, &rc);
-    TCP_CHECK(exchange(c, a, right, buf + so * es, sc * es, left, buf + ro * es, rc * es, XF_REDUCE | (s ? XF_FWD : 0)));
+    /* Every step counts as forwarded: the in-place buffer is usually
+     * fresh from the caller (gradients), and single copies of it measured
+     * slower than the rings below DCOMM_SHM_CMA_FWD_MIN. */
+    TCP_CHECK(exchange(c, a, right, buf + so * es, sc * es, left, buf + ro * es, rc * es, XF_REDUCE | XF_FWD));
   }
   size_t oo, oc;
   seg(a->count, n, mod(r + 1, n), &oo, &oc);
