@@ -28,6 +28,7 @@
 #include "dcomm_elastic.h"
 
 static int me, np = 1, passed, failed;
+int gpu_side_by_side(int me, int np, char *why, size_t wl); /* gpu_nccl_ref.c */
 static int multi;      /* launched through env:// */
 static int base_port;  /* the store port of the first init */
 
@@ -527,6 +528,9 @@ int main(int argc, char **argv) {
   check_groups();
   check_checkpoint();
   figures();
+  char why[512] = "";
+  rc = gpu_side_by_side(me, np, why, sizeof(why));
+  result(rc == 0, "dcomm all_reduce beside NCCL's own, 8 B to 256 MiB%s%s", rc ? ": " : " (figure rows)", why);
   abort_cycle();
   if (dcomm_initialized()) {
     rc = dcomm_finalize();

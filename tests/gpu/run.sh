@@ -2,7 +2,8 @@
 # tests/gpu/run.sh: the GPU checks of the nccl backend, for a machine with a
 # CUDA GPU (not part of "make check"). Builds the tree if needed
 # (./autogen.sh, ./configure, make), compiles tests/gpu/gpu_coll.c against
-# the public API, runs it as a world of 1 and, with 2 or more GPUs, as one
+# the public API (with gpu_nccl_ref.c: dcomm's all_reduce timed beside
+# NCCL's own), runs it as a world of 1 and, with 2 or more GPUs, as one
 # process per GPU through env://; with 2 or more GPUs it also runs
 # tests/gpu/gpu_shrink.c, one process per GPU on the backend ABI: the last
 # rank is SIGKILLed, the survivors revoke, shrink (ncclCommShrink) and
@@ -81,8 +82,9 @@ else bad "dcomm_nccl.so does not export dcomm_backend_v1"; fi
 # gpu_shrink against the backend ABI (it loads dcomm_nccl.so itself).
 GPU_COLL=$LOGDIR/gpu_coll
 GPU_SHRINK=$LOGDIR/gpu_shrink
-if timeout "$(left 60)" gcc -I src -I "$CUDA/include" tests/gpu/gpu_coll.c src/bench_util.c -L.libs -ldcomm -L"$CUDA/lib64" \
-  -lcudart -lm -Wl,-rpath,"$PWD/.libs" -o "$GPU_COLL" >"$LOGDIR/compile.log" 2>&1; then
+if timeout "$(left 60)" gcc -I src -I "$CUDA/include" tests/gpu/gpu_coll.c tests/gpu/gpu_nccl_ref.c src/bench_util.c \
+  -L.libs -ldcomm -L"$CUDA/lib64" -lnccl -lcudart -lm -Wl,-rpath,"$PWD/.libs" -Wl,-rpath,"$CUDA/lib64" \
+  -o "$GPU_COLL" >"$LOGDIR/compile.log" 2>&1; then
   ok "compile tests/gpu/gpu_coll.c"
 else
   bad "compile tests/gpu/gpu_coll.c"; cat "$LOGDIR/compile.log"; finish
