@@ -49,8 +49,10 @@ DCOMM_API int dcomm_elastic_recover(void);
  * data is used (others may pass NULL, 0). */
 DCOMM_API int dcomm_checkpoint_save(const char *dir, uint64_t step, const void *data, size_t len);
 /* Collective: rank 0 reads the newest valid checkpoint (a torn or corrupt
- * newer one is skipped) and broadcasts it. DCOMM_ENOTFOUND on every rank
- * when there is none. *data is malloc'd; the caller frees it. */
+ * newer one is skipped) and broadcasts it (with a backend that takes
+ * device memory only, every rank reads that file itself: the directory
+ * must be shared). DCOMM_ENOTFOUND on every rank when there is none.
+ * *data is malloc'd; the caller frees it. */
 DCOMM_API int dcomm_checkpoint_load(const char *dir, void **data, size_t *len, uint64_t *step);
 
 struct dcomm_membership_change {

@@ -46,7 +46,9 @@ if [ -f "$cuda/include/cuda_runtime_api.h" ] && [ -f "$cuda/include/nccl.h" ]; t
     "$src/tests/gpu/gpu_nccl_ref.c" "$src/src/bench_util.c" -L"$b/.libs" -ldcomm -L"$cuda/lib64" -lnccl -lcudart -lm \
     -o "$out/gpu_coll" 2>"$out/log" &&
     ${CC:-cc} -Wall -Wextra -Werror -I "$src/src" -I "$cuda/include" "$src/tests/gpu/gpu_shrink.c" -L"$cuda/lib64" \
-      -lcudart -ldl -lpthread -o "$out/gpu_shrink" 2>>"$out/log"; then
+      -lcudart -ldl -lpthread -o "$out/gpu_shrink" 2>>"$out/log" &&
+    ${CC:-cc} -Wall -Wextra -Werror -I "$src/src" -I "$cuda/include" "$src/tests/gpu/gpu_elastic.c" -L"$b/.libs" -ldcomm \
+      -L"$cuda/lib64" -lcudart -o "$out/gpu_elastic" 2>>"$out/log"; then
     echo "ok: tests/gpu programs compile and link"
   else
     fail "tests/gpu programs do not build: $(head -n 5 "$out/log")"

@@ -7,7 +7,9 @@
 # process per GPU through env://; with 2 or more GPUs it also runs
 # tests/gpu/gpu_shrink.c, one process per GPU on the backend ABI: the last
 # rank is SIGKILLed, the survivors revoke, shrink (ncclCommShrink) and
-# check the smaller world, and the shrink is timed against abort + re-init.
+# check the smaller world, and the shrink is timed against abort + re-init;
+# and tests/gpu/gpu_elastic.c under dcomm-run: the same failure through
+# dcomm_elastic_run (shrink in place, checkpoint restored through the store).
 # Everything runs under `timeout` within GPU_CHECK_BUDGET seconds (default
 # 300). The last line is
 #   GPU checks: N passed, M failed
@@ -82,6 +84,7 @@ else bad "dcomm_nccl.so does not export dcomm_backend_v1"; fi
 # gpu_shrink against the backend ABI (it loads dcomm_nccl.so itself).
 GPU_COLL=$LOGDIR/gpu_coll
 GPU_SHRINK=$LOGDIR/gpu_shrink
+GPU_ELASTIC=$LOGDIR/gpu_elastic
 if timeout "$(left 60)" gcc -I src -I "$CUDA/include" tests/gpu/gpu_coll.c tests/gpu/gpu_nccl_ref.c src/bench_util.c \
   -L.libs -ldcomm -L"$CUDA/lib64" -lnccl -lcudart -lm -Wl,-rpath,"$PWD/.libs" -Wl,-rpath,"$CUDA/lib64" \
   -o "$GPU_COLL" >"$LOGDIR/compile.log" 2>&1; then
@@ -94,6 +97,12 @@ if timeout "$(left 60)" gcc -Wall -Wextra -I src -I "$CUDA/include" tests/gpu/gp
   ok "compile tests/gpu/gpu_shrink.c"
 else
   bad "compile tests/gpu/gpu_shrink.c"; cat "$LOGDIR/compile.log"; finish
+fi
+if timeout "$(left 60)" gcc -Wall -Wextra -I src -I "$CUDA/include" tests/gpu/gpu_elastic.c -L.libs -ldcomm -L"$CUDA/lib64" \
+  -lcudart -Wl,-rpath,"$PWD/.libs" -o "$GPU_ELASTIC" >>"$LOGDIR/compile.log" 2>&1; then
+  ok "compile tests/gpu/gpu_elastic.c"
+else
+  bad "compile tests/gpu/gpu_elastic.c"; cat "$LOGDIR/compile.log"; finish
 fi
 
 export LD_LIBRARY_PATH="$CUDA/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -212,6 +221,36 @@ if [ "$NDEV" -ge 2 ]; then
   grep -h 'figure: kill-one-rank' "$LOGDIR"/shrink*.log | sed 's/^/  /'
 else
   echo "skip: one GPU, no kill-one-rank shrink"
+fi
+
+# 7. The same through the whole elastic layer: dcomm-run, one worker per
+# GPU, dcomm_elastic_run with checkpoints; the last rank SIGKILLs itself at
+# step 23; the survivors must shrink in place (ncclCommShrink), restore the
+# step-19 checkpoint through the store and finish 60 steps in generation 1.
+if [ "$NDEV" -ge 2 ]; then
+  N=$NDEV
+  MAXR=${GPU_CHECK_MAX_RANKS:-8}
+  [ "$N" -gt "$MAXR" ] && N=$MAXR
+  V=$((N - 1))
+  want_sum=$((20 * N + 40 * V))
+  t_start=$SECONDS
+  DCOMM_LOG_LEVEL=info DCOMM_LOG_SUBSYS=nccl,elastic timeout "$(left 120)" ./dcomm-run --nproc-per-node "$N" -- \
+    "$GPU_ELASTIC" "$LOGDIR/elastic-ckpt" "$V" >"$LOGDIR/elastic.log" 2>&1
+  rc=$?
+  grep -E 'final step|recovered:|shrunk|through the store|job (finished|failed)' "$LOGDIR/elastic.log" | sed 's/^/  /'
+  echo "---- elastic kill-one-rank run: $((SECONDS - t_start)) s, exit $rc"
+  final=$(grep -o 'final step=.*' "$LOGDIR/elastic.log" | tail -n 1)
+  if [ "$rc" -eq 0 ] && [ "$final" = "final step=60 world=$V generation=1 sum=$want_sum" ]; then
+    ok "elastic run: rank $V killed, the $V survivors finished 60 steps (sum $want_sum)"
+  else
+    bad "elastic run: exit $rc, '$final', want 'final step=60 world=$V generation=1 sum=$want_sum' (see $LOGDIR/elastic.log)"
+  fi
+  if grep -q 'shrunk by 1 rank' "$LOGDIR/elastic.log"; then ok "elastic run: the world was shrunk in place (ncclCommShrink)"
+  else bad "elastic run: no 'shrunk by 1 rank' line: the world was re-created instead (NCCL < 2.27, or the shrink failed)"; fi
+  if grep -q 'control values from rank 0 go through the store' "$LOGDIR/elastic.log"; then ok "elastic run: checkpoint values went through the store"
+  else bad "elastic run: checkpoint values did not go through the store"; fi
+else
+  echo "skip: one GPU, no elastic kill-one-rank run"
 fi
 
 finish
