@@ -14,7 +14,7 @@
  *
  * Store keys it maintains (no prefix, decimal text):
  *   rdzv/agents/n         node slots taken (this agent took one)
- *   rdzv/agent/<slot>     "live nproc host pid": its live workers
+ *   rdzv/agent/<slot>     "live nproc host pid pids=P,...": its live workers
  *   elastic/revoke/<g>    death notice for generation g (read from elastic/gen)
  * and it reads elastic/hb/<member-id>, the workers' heartbeats (epoch seconds).
  *
@@ -148,14 +148,26 @@ static void store_set_text(struct agent *a, const char *key, const char *val) {
   if (dcomm__store_set(a->st, key, val, strlen(val) + 1) < 0) store_warn(a, "set");
 }
 
+/* " pids=P1,P2,..." of the workers not reaped yet: a round's leader
+ * counts a joined member only while its pid is listed. */
+static void live_pids(const struct agent *a, char *buf, size_t n) {
+  size_t off = (size_t)snprintf(buf, n, " pids=");
+  int any = 0;
+  for (size_t i = 0; i < a->nw && off < n; i++)
+    if (a->w[i]->running) off += (size_t)snprintf(buf + off, n - off, "%s%d", any++ ? "," : "", (int)a->w[i]->pid);
+  if (!any) snprintf(buf, n, " pids=-");
+}
+
 /* This node's record, which the rounds' leaders read. */
 static void set_alive(struct agent *a) {
+  char pids[RUN_PIDS_TEXT];
+  live_pids(a, pids, sizeof(pids));
   if (a->rdzv) {
-    if (run_rdzv_update(a->rdzv, live_count(a)) < 0) store_warn(a, "update of the node record");
+    if (run_rdzv_update(a->rdzv, live_count(a), pids) < 0) store_warn(a, "update of the node record");
     return;
   }
-  char v[128], key[64];
-  snprintf(v, sizeof(v), "%d %d static %d", live_count(a), a->o.nproc, (int)getpid());
+  char v[64 + RUN_PIDS_TEXT], key[64];
+  snprintf(v, sizeof(v), "%d %d static %d%s", live_count(a), a->o.nproc, (int)getpid(), pids);
   snprintf(key, sizeof(key), "rdzv/agent/%d", a->slot);
   store_set_text(a, key, v);
 }

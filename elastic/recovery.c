@@ -12,13 +12,17 @@
  * for more nodes, up to the maximum.
  *
  * Keys (no prefix): elastic/gen, elastic/revoke/<g>, elastic/join/<g>/n,
- * elastic/join/<g>/m/<ticket> ("member-id old-rank slot local-rank"),
+ * elastic/join/<g>/m/<ticket> ("member-id old-rank slot local-rank pid"),
  * elastic/plan/<g>; written by the launchers (dcomm-run, one per node):
- * rdzv/agents/n (slots taken), rdzv/agent/<slot> ("live nproc host", gone
- * with the node: an etcd lease) and rdzv/nnodes ("min max").
+ * rdzv/agents/n (slots taken), rdzv/agent/<slot> ("live nproc host pid
+ * pids=P,...": its workers not reaped yet; gone with the node: an etcd
+ * lease) and rdzv/nnodes ("min max"). A ticket counts only while its
+ * holder's pid is in its node's list: a member that registered and then
+ * died must not stand in for one still on its way.
  */
 #include "config.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,11 +37,13 @@
 #include "store.h"
 
 #define DCOMM_MAX_SLOTS 1024 /* node slots a job may hand out */
+#define AGENT_RECORD_MAX 2048 /* a node record with its pid list (elastic/run.h: RUN_PIDS_TEXT) */
 
 struct joiner {
   char id[40];
   int old_rank;
   int slot, local_rank; /* its launcher's node slot (0: none) and local rank */
+  long pid;             /* its process id (0: not given) */
   long ticket;
 };
 
@@ -101,6 +107,53 @@ static void read_launchers(struct dcomm_store *s, struct launchers *l) {
     l->min_nodes = l->max_nodes = 0;
 }
 
+/* Whether the holder of a ticket (node slot, pid) still runs, as its
+ * launcher's record says: 0 only when the record lists its live workers'
+ * pids and this one is not among them; 1 otherwise (no launcher, a
+ * record without a list, or a node that is gone, which is judged apart). */
+static int holder_alive(struct dcomm_store *s, int slot, long pid) {
+  if (slot <= 0 || pid <= 0) return 1;
+  char key[64], buf[AGENT_RECORD_MAX];
+  snprintf(key, sizeof(key), "rdzv/agent/%d", slot);
+  if (!get_text(s, key, buf, sizeof(buf))) return 1;
+  const char *p = strstr(buf, " pids=");
+  if (!p) return 1;
+  for (p += 6; *p && *p != ' ';) {
+    char *end;
+    long v = strtol(p, &end, 10);
+    if (end == p) break;
+    if (v == pid) return 1;
+    p = *end == ',' ? end + 1 : end;
+  }
+  return 0;
+}
+
+/* Reads ticket t of round gen into j: 1 read, 0 absent or malformed. */
+static int read_ticket(struct dcomm_store *s, long gen, int64_t t, double wait, struct joiner *j) {
+  char key[128], buf[128] = "";
+  void *val = NULL;
+  size_t len = 0;
+  snprintf(key, sizeof(key), "elastic/join/%ld/m/%lld", gen, (long long)t);
+  if (dcomm__store_get(s, key, wait, &val, &len) < 0) return 0; /* took a ticket, then died */
+  if (len < sizeof(buf)) memcpy(buf, val, len);
+  free(val);
+  memset(j, 0, sizeof(*j));
+  if (sscanf(buf, "%39s %d %d %d %ld", j->id, &j->old_rank, &j->slot, &j->local_rank, &j->pid) < 2) return 0;
+  j->ticket = (long)t;
+  return 1;
+}
+
+/* Tickets 1..n whose holders still run (see holder_alive). */
+static int64_t live_tickets(struct dcomm_store *s, long gen, int64_t n) {
+  int64_t live = 0;
+  for (int64_t t = 1; t <= n; t++) {
+    struct joiner j;
+    /* A ticket taken but not yet written counts: its holder is at work. */
+    if (!read_ticket(s, gen, t, 0.001, &j) || holder_alive(s, j.slot, j.pid)) live++;
+  }
+  return live;
+}
+
 /* With a maximum node count, only members of the first max_nodes nodes
  * (in plan order: the survivors' nodes come first) are admitted; members
  * of other nodes wait for a later round. Returns the new count. */
@@ -142,7 +195,8 @@ static int lead_round(struct dcomm_store *s, long gen) {
       return dcomm__err(DCOMM_ENOTMEMBER, "the job finished before this member was admitted");
     read_launchers(s, &l);
     if (l.nodes > 0) {
-      int ready = n >= l.workers && l.nodes >= l.min_nodes;
+      /* Enough tickets: do their holders still run? */
+      int ready = n >= l.workers && l.nodes >= l.min_nodes && live_tickets(s, gen, n) >= l.workers;
       if (ready && (!first || (l.max_nodes > 0 && l.nodes >= l.max_nodes))) break;
       if (ready && !full_since) full_since = dcomm__now();
       if (!ready) full_since = 0;
@@ -163,20 +217,17 @@ static int lead_round(struct dcomm_store *s, long gen) {
   if (!js) return dcomm__err(DCOMM_ENOMEM, "out of memory");
   int k = 0;
   for (int64_t t = 1; t <= n; t++) {
-    void *val = NULL;
-    size_t len = 0;
-    snprintf(key, sizeof(key), "elastic/join/%ld/m/%lld", gen, (long long)t);
-    if (dcomm__store_get(s, key, 2.0, &val, &len) < 0) continue; /* took a ticket, then died */
-    char buf[96] = "";
-    if (len < sizeof(buf)) memcpy(buf, val, len);
-    free(val);
     struct joiner *j = &js[k];
-    j->slot = j->local_rank = 0;
-    if (sscanf(buf, "%39s %d %d %d", j->id, &j->old_rank, &j->slot, &j->local_rank) < 2) continue;
+    if (!read_ticket(s, gen, t, 2.0, j)) continue;
     /* A joiner whose node is gone died with it; a survivor may still be
-     * alive, its launcher merely slower to be seen: it is kept. */
+     * alive, its launcher merely slower to be seen: it is kept. A holder
+     * its launcher no longer runs is dead. */
     if (l.nodes > 0 && j->old_rank < 0 && j->slot > 0 && !slot_alive(&l, j->slot)) continue;
-    j->ticket = (long)t;
+    if (l.nodes > 0 && !holder_alive(s, j->slot, j->pid)) {
+      DCOMM_LOG(INFO, ELASTIC, "round %ld: ticket %lld's member (pid %ld on node slot %d) died after joining", gen,
+                (long long)t, j->pid, j->slot);
+      continue;
+    }
     k++;
   }
   qsort(js, (size_t)k, sizeof(*js), cmp_joiner);
@@ -259,7 +310,7 @@ static int wait_plan(struct dcomm_store *s, long gen, void **val, size_t *len) {
       return dcomm__err(DCOMM_ENOTMEMBER, "the job finished before this member was admitted");
     void *lv = NULL;
     size_t ll = 0;
-    char leader[96] = "";
+    char leader[160] = "";
     if (dcomm__store_get(s, lkey, 0.001, &lv, &ll) == 0 && ll < sizeof(leader)) memcpy(leader, lv, ll);
     free(lv);
     char id[40] = "";
@@ -275,14 +326,21 @@ static int wait_plan(struct dcomm_store *s, long gen, void **val, size_t *len) {
  * the caller frees them). */
 static int join_round(struct dcomm_world *w, long gen, int old_rank, int *rank, int *size, char (**ids)[40]) {
   struct dcomm_store *s = w->store;
-  char key[128], me[96];
+  char key[128], me[160];
   int64_t ticket = 0;
   snprintf(key, sizeof(key), "elastic/join/%ld/n", gen);
+  long die = dcomm__param_int(DCOMM_P_ELASTIC_TEST_DIE_AFTER_TICKET);
+  if (die >= 0 && old_rank == die) usleep(300000); /* test hook: not the leader */
   DCOMM_CHECK(dcomm__store_add(s, key, 1, &ticket));
-  int ml = snprintf(me, sizeof(me), "%s %d %ld %d", w->member_id, old_rank,
-                    (long)dcomm__param_int(DCOMM_P_AGENT_SLOT), w->local_rank);
+  int ml = snprintf(me, sizeof(me), "%s %d %ld %d %ld", w->member_id, old_rank,
+                    (long)dcomm__param_int(DCOMM_P_AGENT_SLOT), w->local_rank, (long)getpid());
   snprintf(key, sizeof(key), "elastic/join/%ld/m/%lld", gen, (long long)ticket);
   DCOMM_CHECK(dcomm__store_set(s, key, me, (size_t)ml + 1));
+  if (die >= 0 && old_rank == die) {
+    DCOMM_LOG(WARN, ELASTIC, "DCOMM_ELASTIC_TEST_DIE_AFTER_TICKET=%ld: dying after taking ticket %lld", die,
+              (long long)ticket);
+    raise(SIGKILL);
+  }
   if (ticket == 1) {
     DCOMM_LOG(INFO, ELASTIC, "leading round %ld", gen);
     DCOMM_CHECK(lead_round(s, gen));

@@ -106,7 +106,9 @@ struct run_rdzv;
 int run_rdzv_open(const struct run_opts *o, struct run_rdzv **out, struct dcomm_store **st, char token[33],
                   int *slot);
 /* Writes this node's record: live workers, nproc, host, pid. */
-int run_rdzv_update(struct run_rdzv *r, int live);
+/* Room for a node record's " pids=..." list (its live workers' pids). */
+#define RUN_PIDS_TEXT 1024
+int run_rdzv_update(struct run_rdzv *r, int live, const char *pids);
 /* 1 when this node is out of the job (its lease is gone); why (may be
  * NULL) says so. */
 int run_rdzv_lost(struct run_rdzv *r, char *why, size_t n);

@@ -7,7 +7,7 @@
  *   - agrees with the other agents on the job's token (rdzv/token) and its
  *     node range (rdzv/nnodes "min max": a different --nnodes is refused);
  *   - takes a node slot (rdzv/agents/n) and registers rdzv/agent/<slot>
- *     ("live nproc host pid") under a lease of DCOMM_RDZV_TTL seconds,
+ *     ("live nproc host pid pids=P,...") under a lease of DCOMM_RDZV_TTL seconds,
  *     renewed every third of it by a keepalive thread;
  *   - watches rdzv/agent/: when another node's record vanishes (its lease
  *     ended: the node died or lost etcd) and that node did not leave
@@ -223,14 +223,14 @@ static int clear_stale(struct run_rdzv *r) {
   return dcomm__err(DCOMM_EBACKEND, "etcd rendezvous: the job's keys keep changing while no agent is registered");
 }
 
-static int record_text(const struct run_rdzv *r, int live, char *val, size_t n) {
-  return snprintf(val, n, "%d %d %s %d", live, r->o->nproc, r->host, (int)getpid());
+static int record_text(const struct run_rdzv *r, int live, const char *pids, char *val, size_t n) {
+  return snprintf(val, n, "%d %d %s %d%s", live, r->o->nproc, r->host, (int)getpid(), pids);
 }
 
 /* Takes the next node slot and writes its record under the lease, in one
  * transaction. */
 static int take_slot(struct run_rdzv *r) {
-  char nkey[400], rkey[400], num[32], val[256];
+  char nkey[400], rkey[400], num[32], val[256 + RUN_PIDS_TEXT];
   snprintf(nkey, sizeof(nkey), "%srdzv/agents/n", r->ns);
   for (int tries = 0; tries < 64; tries++) {
     struct dcomm_etcd_kv kv;
@@ -245,7 +245,7 @@ static int take_slot(struct run_rdzv *r) {
     }
     int nl = snprintf(num, sizeof(num), "%lld", (long long)(cur + 1));
     key_of(r, rkey, sizeof(rkey), "rdzv/agent/%ld", (long)(cur + 1));
-    int vl = record_text(r, r->o->nproc, val, sizeof(val)); /* its workers start at once */
+    int vl = record_text(r, r->o->nproc, "", val, sizeof(val)); /* its workers start at once */
     struct dcomm_etcd_put puts[2] = {{nkey, num, (size_t)nl, 0}, {rkey, val, (size_t)vl, r->lease}};
     int done = 0;
     DCOMM_CHECK(dcomm__etcd_puts_if(r->kc, nkey, mod, puts, 2, &done));
@@ -270,10 +270,10 @@ static int agree(struct run_rdzv *r, const char *what, const char *key, const ch
   return 0;
 }
 
-int run_rdzv_update(struct run_rdzv *r, int live) {
-  char key[400], val[256];
+int run_rdzv_update(struct run_rdzv *r, int live, const char *pids) {
+  char key[400], val[256 + RUN_PIDS_TEXT];
   key_of(r, key, sizeof(key), "rdzv/agent/%ld", r->slot);
-  int n = record_text(r, live, val, sizeof(val));
+  int n = record_text(r, live, pids, val, sizeof(val));
   if (run_rdzv_lost(r, NULL, 0)) return 0;
   return dcomm__etcd_put(r->lc, key, val, (size_t)n, r->lease, NULL);
 }

@@ -88,6 +88,11 @@ DCOMM_ELASTIC_MAX_WORLD=3 case_run "DCOMM_ELASTIC_MAX_WORLD=3: the replacement w
 STOP_RANK=1 case_run "SIGSTOP of rank 1 (heartbeat detection)" 3 1 -- --sleep-ms 40
 case_run "replace policy brings the world back to 4" 4 1 --restart-policy replace -- --kill-rank 3 --kill-at-step 23
 case_run "all policy restarts every worker from the checkpoint" 4 0 --restart-policy all --max-restarts 2 -- --kill-rank 1 --kill-at-step 23
+# A survivor registers for the round, then dies, while another is still
+# computing: the leader must wait for the slow one (the dead one's ticket
+# does not count) and leave the dead one out of the plan.
+DCOMM_ELASTIC_TEST_DIE_AFTER_TICKET=1 case_run "a survivor dies right after joining the round: not counted, the slow one is waited for" 2 1 -- --kill-rank 2 --kill-at-step 23 --slow-rank 3 --slow-ms 3000
+
 # The path a GPU (device-memory-only) backend takes: checkpoint outcomes
 # and headers through the store, the payload read by each rank from the
 # directory. The log line shows the path was taken.
