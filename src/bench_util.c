@@ -332,6 +332,18 @@ static void shape(int op, size_t bytes, size_t es, int n, size_t *count, size_t 
   }
 }
 
+void bench_run_bytes(const struct bench_run *x, size_t *sbytes, size_t *rbytes) {
+  size_t one = x->count * x->es, all = one * (size_t)x->gsize;
+  *sbytes = *rbytes = 0;
+  switch (x->op) {
+    case OP_ALL_REDUCE: case OP_BROADCAST: *rbytes = one; break;
+    case OP_ALL_GATHER: *sbytes = one; *rbytes = all; break;
+    case OP_REDUCE_SCATTER: *sbytes = all; *rbytes = one; break;
+    case OP_ALL_TO_ALL: *sbytes = *rbytes = all; break;
+    default: break;
+  }
+}
+
 void bench_buffer_bytes(const struct bench_opts *o, size_t es, int n, size_t *maxcount, size_t *sbytes, size_t *rbytes) {
   size_t maxsize = 0;
   *maxcount = *sbytes = *rbytes = 0;
@@ -382,8 +394,10 @@ uint64_t bench_loop(const struct bench_opts *o, struct bench_run *x, const struc
       prev_size = size;
       char errs[24] = "N/A";
       prepare(x);
+      if (c->upload) c->upload(c->ctx, x);
       if (o->check) {
         c->run_once(c->ctx, x);
+        if (c->download) c->download(c->ctx, x);
         int64_t bad = c->sum_world(c->ctx, (int64_t)verify(x));
         total_errors += (uint64_t)bad;
         snprintf(errs, sizeof(errs), "%lld", (long long)bad);

@@ -60,8 +60,12 @@ struct bench_run {
   dcomm_dtype_t dt;
   size_t es, count; /* count: what the call takes */
   int grank, gsize;
-  void *sbuf, *rbuf;
+  void *sbuf, *rbuf;   /* host memory: the pattern is written and checked here */
+  void *dsbuf, *drbuf; /* device copies the call uses (dcomm-bench with nccl), else NULL */
 };
+
+/* The send and receive bytes of the call x describes (0: no such buffer). */
+void bench_run_bytes(const struct bench_run *x, size_t *sbytes, size_t *rbytes);
 
 /* The send and receive buffer bytes the largest size (-e) needs; 0 when
  * the op has no such buffer. *maxcount is the largest count of the call. */
@@ -74,6 +78,10 @@ struct bench_comm {
   double (*max_world)(void *ctx, double v);               /* max over the world */
   void (*barrier_world)(void *ctx);
   void *ctx;
+  /* Optional (device buffers): copy the prepared input to them, and the
+   * checked result back. */
+  void (*upload)(void *ctx, const struct bench_run *x);
+  void (*download)(void *ctx, const struct bench_run *x);
 };
 
 /* Prints (when print) the "# op ..." line, and the column header. */

@@ -16,7 +16,11 @@
  * deterministic, integer-valued input pattern (so sums are exact).
  *
  * It uses only the public API (dcomm.h) and the C library, and joins the
- * job through dcomm_init(NULL, NULL), e.g. under dcomm-run:
+ * job through dcomm_init(NULL, NULL), e.g. under dcomm-run. With the nccl
+ * backend (DCOMM_BACKEND=nccl), whose collectives take device memory only,
+ * the buffers are device memory of the rank's GPU (bench_cuda.c loads the
+ * CUDA runtime at run time); the pattern is copied in and the checked
+ * result out, outside the timed loop.
  *
  *   ./dcomm-run --nproc-per-node 4 -- ./dcomm-bench -o all_reduce -b 8 -e 64M -f 4
  *
@@ -26,10 +30,16 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
+#include "bench_cuda.h"
 #include "bench_util.h"
 #include "dcomm.h"
+
+/* Device memory (nccl): a scratch for the world reductions of the loop. */
+static int on_device;
+static void *dscratch;
 
 static void die(const char *what, int rc) {
   fprintf(stderr, "dcomm-bench: rank %d: %s failed: %s (%s)\n", dcomm_rank(), what, dcomm_last_error(),
@@ -46,12 +56,13 @@ static void die(const char *what, int rc) {
 /* --- the communication bench_loop measures (ctx: the group) --- */
 
 static int coll(const struct bench_run *x, dcomm_group_t g) {
+  void *sb = x->dsbuf ? x->dsbuf : x->sbuf, *rb = x->drbuf ? x->drbuf : x->rbuf;
   switch (x->op) {
-    case OP_ALL_REDUCE: return dcomm_all_reduce(x->rbuf, x->count, x->dt, DCOMM_SUM, g);
-    case OP_ALL_GATHER: return dcomm_all_gather(x->sbuf, x->rbuf, x->count, x->dt, g);
-    case OP_BROADCAST: return dcomm_broadcast(x->rbuf, x->count, x->dt, 0, g);
-    case OP_REDUCE_SCATTER: return dcomm_reduce_scatter(x->sbuf, x->rbuf, x->count, x->dt, DCOMM_SUM, g);
-    case OP_ALL_TO_ALL: return dcomm_all_to_all(x->sbuf, x->rbuf, x->count, x->dt, g);
+    case OP_ALL_REDUCE: return dcomm_all_reduce(rb, x->count, x->dt, DCOMM_SUM, g);
+    case OP_ALL_GATHER: return dcomm_all_gather(sb, rb, x->count, x->dt, g);
+    case OP_BROADCAST: return dcomm_broadcast(rb, x->count, x->dt, 0, g);
+    case OP_REDUCE_SCATTER: return dcomm_reduce_scatter(sb, rb, x->count, x->dt, DCOMM_SUM, g);
+    case OP_ALL_TO_ALL: return dcomm_all_to_all(sb, rb, x->count, x->dt, g);
     case OP_BARRIER: return dcomm_barrier(g);
     default: return DCOMM_EINVAL;
   }
@@ -62,16 +73,43 @@ static void run_once(void *ctx, const struct bench_run *x) {
   if (rc < 0) die("run_once(&x)", rc);
 }
 
+/* An all_reduce of n 8-byte values over the world, through the device
+ * scratch when the buffers must be device memory. */
+static void world_reduce(void *v, size_t n, dcomm_dtype_t dt, dcomm_op_t op) {
+  if (!on_device) {
+    CHECK(dcomm_all_reduce(v, n, dt, op, NULL));
+    return;
+  }
+  if (bench_cuda_put(dscratch, v, n * 8) < 0) die("copying to the device", DCOMM_EBACKEND);
+  CHECK(dcomm_all_reduce(dscratch, n, dt, op, NULL));
+  if (bench_cuda_get(v, dscratch, n * 8) < 0) die("copying from the device", DCOMM_EBACKEND);
+}
+
 static int64_t sum_world(void *ctx, int64_t v) {
   (void)ctx;
-  CHECK(dcomm_all_reduce(&v, 1, DCOMM_INT64, DCOMM_SUM, NULL));
+  world_reduce(&v, 1, DCOMM_INT64, DCOMM_SUM);
   return v;
 }
 
 static double max_world(void *ctx, double v) {
   (void)ctx;
-  CHECK(dcomm_all_reduce(&v, 1, DCOMM_FLOAT64, DCOMM_MAX, NULL));
+  world_reduce(&v, 1, DCOMM_FLOAT64, DCOMM_MAX);
   return v;
+}
+
+static void upload(void *ctx, const struct bench_run *x) {
+  (void)ctx;
+  size_t sb, rb;
+  bench_run_bytes(x, &sb, &rb);
+  if (bench_cuda_put(x->dsbuf, x->sbuf, sb) < 0 || bench_cuda_put(x->drbuf, x->rbuf, rb) < 0)
+    die("copying the input to the device", DCOMM_EBACKEND);
+}
+
+static void download(void *ctx, const struct bench_run *x) {
+  (void)ctx;
+  size_t sb, rb;
+  bench_run_bytes(x, &sb, &rb);
+  if (bench_cuda_get(x->rbuf, x->drbuf, rb) < 0) die("copying the result from the device", DCOMM_EBACKEND);
 }
 
 static void barrier_world(void *ctx) {
@@ -105,7 +143,17 @@ int main(int argc, char **argv) {
   clock_gettime(CLOCK_REALTIME, &t_out);
   double t_enter = (double)t_in.tv_sec + t_in.tv_nsec * 1e-9, t_exit = (double)t_out.tv_sec + t_out.tv_nsec * 1e-9;
   double init_t[3] = {t_exit - t_enter, -t_enter, t_exit}; /* max of each: slowest, first entry, last exit */
-  CHECK(dcomm_all_reduce(init_t, 3, DCOMM_FLOAT64, DCOMM_MAX, NULL));
+  on_device = !strcmp(dcomm_backend_name(), "nccl"); /* its collectives take device memory only */
+  if (on_device) {
+    char why[256];
+    if (bench_cuda_open(dcomm_local_rank(), why, sizeof(why)) < 0 || !(dscratch = bench_cuda_alloc(64))) {
+      fprintf(stderr, "dcomm-bench: rank %d: the nccl backend needs device buffers: %s\n", dcomm_rank(),
+              dscratch ? why : "cudaMalloc failed");
+      dcomm_finalize();
+      return 1;
+    }
+  }
+  world_reduce(init_t, 3, DCOMM_FLOAT64, DCOMM_MAX);
   int wrank = dcomm_rank(), wsize = dcomm_world_size();
   int G = o.group ? (int)o.group : wsize;
   if (G > wsize || wsize % G) {
@@ -126,8 +174,13 @@ int main(int argc, char **argv) {
   bench_buffer_bytes(&o, es, x.gsize, &maxcount, &sbytes, &rbytes);
   x.sbuf = malloc(sbytes ? sbytes : 1);
   x.rbuf = malloc(rbytes ? rbytes : 1);
-  if (!x.sbuf || !x.rbuf) {
-    fprintf(stderr, "dcomm-bench: rank %d: cannot allocate %zu + %zu bytes\n", wrank, sbytes, rbytes);
+  if (on_device) {
+    x.dsbuf = bench_cuda_alloc(sbytes);
+    x.drbuf = bench_cuda_alloc(rbytes);
+  }
+  if (!x.sbuf || !x.rbuf || (on_device && (!x.dsbuf || !x.drbuf))) {
+    fprintf(stderr, "dcomm-bench: rank %d: cannot allocate %zu + %zu bytes%s\n", wrank, sbytes, rbytes,
+            on_device ? " (host and device)" : "");
     return 1;
   }
 
@@ -143,11 +196,17 @@ int main(int argc, char **argv) {
     bench_print_columns();
   }
 
-  const struct bench_comm comm = {run_once, sum_world, max_world, barrier_world, g};
+  const struct bench_comm comm = {run_once, sum_world, max_world, barrier_world, g, on_device ? upload : NULL,
+                                  on_device ? download : NULL};
   uint64_t total_errors = bench_loop(&o, &x, &comm, wrank == 0);
   if (g) CHECK(dcomm_group_free(g));
   free(x.sbuf);
   free(x.rbuf);
+  if (on_device) {
+    bench_cuda_free(x.dsbuf);
+    bench_cuda_free(x.drbuf);
+    bench_cuda_free(dscratch);
+  }
   CHECK(dcomm_finalize());
   return total_errors ? 1 : 0;
 }

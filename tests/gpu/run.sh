@@ -9,7 +9,8 @@
 # rank is SIGKILLed, the survivors revoke, shrink (ncclCommShrink) and
 # check the smaller world, and the shrink is timed against abort + re-init;
 # and tests/gpu/gpu_elastic.c under dcomm-run: the same failure through
-# dcomm_elastic_run (shrink in place, checkpoint restored through the store).
+# dcomm_elastic_run (shrink in place, checkpoint restored through the store);
+# last, dcomm-bench all_reduce on device buffers, one worker per GPU.
 # Everything runs under `timeout` within GPU_CHECK_BUDGET seconds (default
 # 300). The last line is
 #   GPU checks: N passed, M failed
@@ -252,5 +253,16 @@ if [ "$NDEV" -ge 2 ]; then
 else
   echo "skip: one GPU, no elastic kill-one-rank run"
 fi
+
+# 8. dcomm-bench itself on the GPUs (device buffers with the nccl backend),
+# one worker per GPU; its errors column checks every size.
+NB=$NDEV
+[ "$NB" -gt "${GPU_CHECK_MAX_RANKS:-8}" ] && NB=${GPU_CHECK_MAX_RANKS:-8}
+DCOMM_BACKEND=nccl timeout "$(left 90)" ./dcomm-run --quiet-prefix --nproc-per-node "$NB" -- \
+  ./dcomm-bench -o all_reduce -b 8 -e 256M -f 8 -n 20 -w 5 >"$LOGDIR/bench.log" 2>&1
+rc=$?
+sed 's/^/  /' "$LOGDIR/bench.log" | grep -v 'dcomm-run:'
+if [ "$rc" -eq 0 ] && grep -q '^# wrong elements: 0$' "$LOGDIR/bench.log"; then ok "dcomm-bench all_reduce on $NB GPU(s), 8 B to 256 MiB, no wrong element"
+else bad "dcomm-bench on $NB GPU(s): exit $rc (see $LOGDIR/bench.log)"; fi
 
 finish

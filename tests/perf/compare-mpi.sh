@@ -57,8 +57,8 @@ if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
   exit 1
 fi
 if [ ! -x ./dcomm-bench ] || [ src/dcomm_bench.c -nt ./dcomm-bench ] || [ src/bench_util.c -nt ./dcomm-bench ]; then
-  echo "build: gcc -std=gnu11 -O2 -I. -Isrc src/dcomm_bench.c src/bench_util.c -L.libs -ldcomm -Wl,-rpath,\$PWD/.libs -lm -o dcomm-bench"
-  gcc -std=gnu11 -O2 -I. -Isrc src/dcomm_bench.c src/bench_util.c -L.libs -ldcomm "-Wl,-rpath,$PWD/.libs" -lm -o dcomm-bench ||
+  echo "build: gcc -std=gnu11 -O2 -I. -Isrc src/dcomm_bench.c src/bench_util.c src/bench_cuda.c -L.libs -ldcomm -Wl,-rpath,\$PWD/.libs -lm -ldl -o dcomm-bench"
+  gcc -std=gnu11 -O2 -I. -Isrc src/dcomm_bench.c src/bench_util.c src/bench_cuda.c -L.libs -ldcomm "-Wl,-rpath,$PWD/.libs" -lm -ldl -o dcomm-bench ||
     { echo "compare-mpi: cannot build dcomm-bench"; exit 1; }
 fi
 echo "build: mpicc -std=gnu11 -O2 -Isrc tests/perf/mpi_bench.c src/bench_util.c -lm -o tests/perf/mpi_bench"
