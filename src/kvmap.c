@@ -4,6 +4,7 @@
 #include "config.h"
 #include "kvmap.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -86,4 +87,20 @@ void dcomm__kvmap_free(struct dcomm_kvmap *m) {
   free(m->b);
   m->b = NULL;
   m->nb = m->n = 0;
+}
+
+int dcomm__kv_parse_int64(const unsigned char *v, size_t n, int64_t *out) {
+  char buf[32];
+  if (n == 0 || n >= sizeof(buf)) return DCOMM_EINVAL;
+  memcpy(buf, v, n);
+  buf[n] = 0;
+  size_t i = (buf[0] == '-' || buf[0] == '+') ? 1 : 0;
+  if (!buf[i]) return DCOMM_EINVAL;
+  for (size_t j = i; j < n; j++)
+    if (buf[j] < '0' || buf[j] > '9') return DCOMM_EINVAL;
+  errno = 0;
+  long long x = strtoll(buf, NULL, 10);
+  if (errno) return DCOMM_EINVAL;
+  *out = (int64_t)x;
+  return 0;
 }

@@ -29,5 +29,7 @@ int dcomm__kvmap_put(struct dcomm_kvmap *m, const char *k, size_t kl, unsigned c
 /* Removes k; 1 if it was there. */
 int dcomm__kvmap_del(struct dcomm_kvmap *m, const char *k, size_t kl);
 void dcomm__kvmap_free(struct dcomm_kvmap *m);
+/* A value as the counter of an add: a decimal integer; 0 or DCOMM_EINVAL. */
+int dcomm__kv_parse_int64(const unsigned char *v, size_t n, int64_t *out);
 
 #endif

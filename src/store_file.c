@@ -295,23 +295,6 @@ static int file_get(struct dcomm_store *s, const char *key, double timeout, void
   return rc;
 }
 
-/* Parses a stored decimal integer; 0 or DCOMM_EINVAL. */
-static int parse_int64(const unsigned char *v, size_t n, int64_t *out) {
-  char buf[32];
-  if (n == 0 || n >= sizeof(buf)) return DCOMM_EINVAL;
-  memcpy(buf, v, n);
-  buf[n] = 0;
-  size_t i = (buf[0] == '-' || buf[0] == '+') ? 1 : 0;
-  if (!buf[i]) return DCOMM_EINVAL;
-  for (size_t j = i; j < n; j++)
-    if (buf[j] < '0' || buf[j] > '9') return DCOMM_EINVAL;
-  errno = 0;
-  long long x = strtoll(buf, NULL, 10);
-  if (errno) return DCOMM_EINVAL;
-  *out = (int64_t)x;
-  return 0;
-}
-
 static int file_add(struct dcomm_store *s, const char *key, int64_t delta, int64_t *result) {
   struct file_store *fs = (struct file_store *)s;
   pthread_mutex_lock(&fs->mu);
@@ -319,7 +302,7 @@ static int file_add(struct dcomm_store *s, const char *key, int64_t delta, int64
   if (rc == 0) {
     struct dcomm_kv *e = dcomm__kvmap_find(&fs->map, key, strlen(key));
     int64_t cur = 0, res = 0;
-    if (e && parse_int64(e->val, e->vlen, &cur) < 0)
+    if (e && dcomm__kv_parse_int64(e->val, e->vlen, &cur) < 0)
       rc = dcomm__err(DCOMM_EINVAL, "file store add: the value of '%.200s' is not a decimal integer", key);
     else if (__builtin_add_overflow(cur, delta, &res))
       rc = dcomm__err(DCOMM_EINVAL, "file store add: '%.200s' would overflow int64", key);

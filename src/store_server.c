@@ -281,23 +281,6 @@ static int do_get(struct conn *c, struct req *r, double dl) {
   return send_ok(c, f, 4, r->val, r->vlen);
 }
 
-/* Parses a stored decimal integer; 0 or DCOMM_EINVAL. */
-static int parse_int64(const unsigned char *v, size_t n, int64_t *out) {
-  char buf[32];
-  if (n == 0 || n >= sizeof(buf)) return DCOMM_EINVAL;
-  memcpy(buf, v, n);
-  buf[n] = 0;
-  size_t i = (buf[0] == '-' || buf[0] == '+') ? 1 : 0;
-  if (!buf[i]) return DCOMM_EINVAL;
-  for (size_t j = i; j < n; j++)
-    if (buf[j] < '0' || buf[j] > '9') return DCOMM_EINVAL;
-  errno = 0;
-  long long x = strtoll(buf, NULL, 10);
-  if (errno) return DCOMM_EINVAL;
-  *out = (int64_t)x;
-  return 0;
-}
-
 static int do_add(struct conn *c, struct req *r, double dl) {
   struct dcomm_store_server *srv = c->srv;
   uint64_t d;
@@ -307,7 +290,7 @@ static int do_add(struct conn *c, struct req *r, double dl) {
   int rc = 0;
   pthread_mutex_lock(&srv->mu);
   struct dcomm_kv *e = dcomm__kvmap_find(&srv->map, r->key, r->klen);
-  if (e && parse_int64(e->val, e->vlen, &cur) < 0) rc = 1;
+  if (e && dcomm__kv_parse_int64(e->val, e->vlen, &cur) < 0) rc = 1;
   else if (__builtin_add_overflow(cur, delta, &res)) rc = 2;
   else {
     char txt[32];
