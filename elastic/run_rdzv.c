@@ -75,6 +75,11 @@ static void key_of(const struct run_rdzv *r, char *buf, size_t n, const char *fm
   snprintf(buf + off, n - (size_t)off, fmt, arg);
 }
 
+#define AGENT_KEYS "rdzv/agent/" /* + slot: the node records */
+
+/* The job's prefix of the node records. */
+static void agents_prefix(const struct run_rdzv *r, char *buf, size_t n) { snprintf(buf, n, "%s" AGENT_KEYS, r->ns); }
+
 /* ---- the lease ---- */
 
 static void *keepalive_main(void *arg) {
@@ -106,7 +111,7 @@ static void *keepalive_main(void *arg) {
 /* ---- the watch on the other nodes ---- */
 
 static int slot_of(const struct run_rdzv *r, const char *key, size_t klen) {
-  size_t pl = strlen(r->ns) + strlen("rdzv/agent/");
+  size_t pl = strlen(r->ns) + strlen(AGENT_KEYS);
   if (klen <= pl) return -1;
   char *end;
   long s = strtol(key + pl, &end, 10);
@@ -164,7 +169,7 @@ static int watch_event(const struct dcomm_etcd_event *ev, void *arg) {
 static void *watch_main(void *arg) {
   struct run_rdzv *r = arg;
   char prefix[400];
-  snprintf(prefix, sizeof(prefix), "%srdzv/agent/", r->ns);
+  agents_prefix(r, prefix, sizeof(prefix));
   while (!__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE)) {
     int rc = dcomm__etcd_watch(r->wc, prefix, 1, r->watch_rev + 1, -1, watch_event, r, &r->cancel);
     if (rc == DCOMM_EREVOKED || __atomic_load_n(&r->stop, __ATOMIC_ACQUIRE)) break;
@@ -200,7 +205,7 @@ static int etcd_opts_from_params(struct dcomm_etcd_opts *eo, double timeout) {
  * makes the transaction fail: it is never wiped. */
 static int clear_stale(struct run_rdzv *r) {
   char prefix[400], nkey[400];
-  snprintf(prefix, sizeof(prefix), "%srdzv/agent/", r->ns);
+  agents_prefix(r, prefix, sizeof(prefix));
   snprintf(nkey, sizeof(nkey), "%srdzv/agents/n", r->ns);
   for (int tries = 0; tries < 8; tries++) {
     struct dcomm_etcd_kv *kvs = NULL, kv;
@@ -244,7 +249,7 @@ static int take_slot(struct run_rdzv *r) {
       return rc;
     }
     int nl = snprintf(num, sizeof(num), "%lld", (long long)(cur + 1));
-    key_of(r, rkey, sizeof(rkey), "rdzv/agent/%ld", (long)(cur + 1));
+    key_of(r, rkey, sizeof(rkey), AGENT_KEYS "%ld", (long)(cur + 1));
     int vl = record_text(r, r->o->nproc, "", val, sizeof(val)); /* its workers start at once */
     struct dcomm_etcd_put puts[2] = {{nkey, num, (size_t)nl, 0}, {rkey, val, (size_t)vl, r->lease}};
     int done = 0;
@@ -272,7 +277,7 @@ static int agree(struct run_rdzv *r, const char *what, const char *key, const ch
 
 int run_rdzv_update(struct run_rdzv *r, int live, const char *pids) {
   char key[400], val[256 + RUN_PIDS_TEXT];
-  key_of(r, key, sizeof(key), "rdzv/agent/%ld", r->slot);
+  key_of(r, key, sizeof(key), AGENT_KEYS "%ld", r->slot);
   int n = record_text(r, live, pids, val, sizeof(val));
   if (run_rdzv_lost(r, NULL, 0)) return 0;
   return dcomm__etcd_put(r->lc, key, val, (size_t)n, r->lease, NULL);
@@ -323,7 +328,7 @@ static int do_open(struct run_rdzv *r, struct dcomm_store **st, char token[33], 
   struct dcomm_etcd_kv *kvs = NULL;
   size_t n = 0;
   char prefix[400];
-  snprintf(prefix, sizeof(prefix), "%srdzv/agent/", r->ns);
+  agents_prefix(r, prefix, sizeof(prefix));
   DCOMM_CHECK(dcomm__etcd_range_prefix(r->kc, prefix, &kvs, &n, &r->watch_rev));
   dcomm__etcd_kvs_free(kvs, n);
   if (pthread_create(&r->ka, NULL, keepalive_main, r) != 0)
