@@ -37,7 +37,8 @@
 #include "store.h"
 
 #define DCOMM_MAX_SLOTS 1024 /* node slots a job may hand out */
-#define AGENT_RECORD_MAX 2048 /* a node record with its pid list (elastic/run.h: RUN_PIDS_TEXT) */
+#define AGENT_RECORD_MAX 2048
+#define MAX_EMPTY_ROUNDS 4 /* abandoned rounds (or whose leader died) in a row before recovery fails */ /* a node record with its pid list (elastic/run.h: RUN_PIDS_TEXT) */
 
 struct joiner {
   char id[40];
@@ -173,7 +174,22 @@ static int admit_nodes(struct joiner *js, int k, int max_nodes, long gen) {
   return out;
 }
 
-/* The leader closes round gen and writes the plan. */
+/* A leader that gives up on its round publishes an empty plan ("0"): the
+ * members waiting for it, and those that come later, move on to the next
+ * round at once instead of waiting out the timeout there, and know that no
+ * generation was formed without them. */
+static void abandon_round(struct dcomm_store *s, long gen) {
+  char key[64];
+  void *cur = NULL;
+  size_t clen = 0;
+  snprintf(key, sizeof(key), "elastic/plan/%ld", gen);
+  if (dcomm__store_compare_set(s, key, NULL, 0, "0\n", 3, &cur, &clen) == 0)
+    DCOMM_LOG(WARN, ELASTIC, "round %ld abandoned: everyone moves to the next round", gen);
+  free(cur);
+}
+
+/* The leader closes round gen and writes the plan; 1: it gave up on the
+ * round at the timeout and abandoned it. */
 static int lead_round(struct dcomm_store *s, long gen) {
   char key[128];
   snprintf(key, sizeof(key), "elastic/join/%ld/n", gen);
@@ -206,10 +222,13 @@ static int lead_round(struct dcomm_store *s, long gen) {
     }
     if (dcomm__now() >= hard) {
       if (l.nodes > 0 && l.nodes < l.min_nodes)
-        return dcomm__err(DCOMM_ETIMEDOUT, "round %ld: %d node%s alive, fewer than the minimum %d, until the timeout",
-                          gen, l.nodes, l.nodes == 1 ? "" : "s", l.min_nodes);
-      return dcomm__err(DCOMM_ETIMEDOUT, "round %ld: only %lld of %ld members joined before the timeout", gen,
-                        (long long)n, l.workers);
+        DCOMM_LOG(WARN, ELASTIC, "round %ld: %d node%s alive, fewer than the minimum %d, until the timeout", gen,
+                  l.nodes, l.nodes == 1 ? "" : "s", l.min_nodes);
+      else
+        DCOMM_LOG(WARN, ELASTIC, "round %ld: only %lld of %ld members joined before the timeout", gen, (long long)n,
+                  l.workers);
+      abandon_round(s, gen);
+      return 1;
     }
     usleep(5000);
   }
@@ -300,7 +319,9 @@ static int wait_plan(struct dcomm_store *s, long gen, void **val, size_t *len) {
   char key[128], lkey[128];
   snprintf(key, sizeof(key), "elastic/plan/%ld", gen);
   snprintf(lkey, sizeof(lkey), "elastic/join/%ld/m/1", gen);
-  double deadline = dcomm__now() + s->timeout;
+  /* The leader, who came first, gives up on the round at its timeout and
+   * says so; the margin lets its word arrive before this wait ends. */
+  double deadline = dcomm__now() + s->timeout + 2.0;
   struct hb_watch hw = {.since = 0};
   for (;;) {
     int rc = dcomm__store_get(s, key, 1.0, val, len);
@@ -343,7 +364,13 @@ static int join_round(struct dcomm_world *w, long gen, int old_rank, int *rank, 
   }
   if (ticket == 1) {
     DCOMM_LOG(INFO, ELASTIC, "leading round %ld", gen);
-    DCOMM_CHECK(lead_round(s, gen));
+    int lr = lead_round(s, gen);
+    if (lr < 0) return lr;
+    if (lr == 1) { /* abandoned: on to the next round */
+      *rank = -1;
+      *size = 0;
+      return 0;
+    }
   }
   void *val = NULL;
   size_t len = 0;
@@ -382,12 +409,21 @@ static int join_round(struct dcomm_world *w, long gen, int old_rank, int *rank, 
 }
 
 /* Joins rounds from gen on until a plan includes this member; its member
- * ids go to *plan (w->size entries, the caller frees them) if not NULL. */
-static int join_from(struct dcomm_world *w, long gen, int old_rank, char (**plan)[40]) {
-  int rank, size;
+ * ids go to *plan (w->size entries, the caller frees them) if not NULL.
+ * *missed (if not NULL) says whether a generation was formed without this
+ * member on the way (rounds abandoned or whose leader died do not count). */
+static int join_from(struct dcomm_world *w, long gen, int old_rank, char (**plan)[40], int *missed) {
+  int rank, size, empty = 0;
+  if (missed) *missed = 0;
   for (int tries = 0; tries < 64; tries++, gen++) {
     char(*ids)[40] = NULL;
     DCOMM_CHECK(join_round(w, gen, old_rank, &rank, &size, &ids));
+    if (rank < 0 && size > 0 && missed) *missed = 1;
+    /* Rounds that formed nothing in a row: someone never comes. */
+    empty = rank < 0 && size == 0 ? empty + 1 : 0;
+    if (empty >= MAX_EMPTY_ROUNDS)
+      return dcomm__err(DCOMM_ETIMEDOUT, "%d rounds in a row formed no generation (up to generation %ld): a live member "
+                        "never joined within the timeout", empty, gen);
     if (rank >= 0) {
       int min = (int)dcomm__param_int(DCOMM_P_ELASTIC_MIN_WORLD);
       if (plan) *plan = ids;
@@ -410,7 +446,7 @@ int dcomm__elastic_join(struct dcomm_world *w) {
   DCOMM_CHECK(dcomm__store_set_prefix(w->store, ""));
   long gen = get_long(w->store, "elastic/gen", 0);
   DCOMM_LOG(INFO, ELASTIC, "joining the job after generation %ld", gen);
-  DCOMM_CHECK(join_from(w, gen + 1, -1, NULL));
+  DCOMM_CHECK(join_from(w, gen + 1, -1, NULL, NULL));
   /* The job's first world: generation 0 from the launch ranks, or the
    * first round of a rendezvous (elastic/first). */
   w->joiner = w->generation > get_long(w->store, "elastic/first", 0);
@@ -450,10 +486,12 @@ int dcomm_elastic_recover(void) {
   if (!old_members) old_size = 0;       /* then the groups cannot be mapped */
   w->members = NULL;
   char(*plan)[40] = NULL;
-  int rc = join_from(w, gen + 1, old_rank, &plan);
+  int missed = 0;
+  int rc = join_from(w, gen + 1, old_rank, &plan, &missed);
   /* A member left out of a plan missed a generation: the others rebuilt
-   * their groups without it, so it comes back like a joiner, with none. */
-  int map_size = rc == 0 && w->generation == gen + 1 ? old_size : 0;
+   * their groups without it, so it comes back like a joiner, with none.
+   * Rounds that formed nothing (abandoned, leader gone) do not count. */
+  int map_size = rc == 0 && !missed ? old_size : 0;
   const char *how = "rebuilt";
   if (rc == 0 && dcomm__shrink_applies(w, plan, old_members, map_size)) {
     rc = dcomm__elastic_shrink(w, plan, old_members, map_size); /* takes plan */

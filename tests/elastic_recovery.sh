@@ -93,6 +93,13 @@ case_run "all policy restarts every worker from the checkpoint" 4 0 --restart-po
 # does not count) and leave the dead one out of the plan.
 DCOMM_ELASTIC_TEST_DIE_AFTER_TICKET=1 case_run "a survivor dies right after joining the round: not counted, the slow one is waited for" 2 1 -- --kill-rank 2 --kill-at-step 23 --slow-rank 3 --slow-ms 3000
 
+# A survivor slower than DCOMM_TIMEOUT: the round's leader gives up on it
+# at the timeout and abandons the round (an empty plan); everyone moves to
+# the next round, which the slow one reaches too. Before, every retry
+# joined the abandoned round again, which nobody led, until the retries
+# ran out. Generation 2, or 3 when the slow one misses the second round.
+DCOMM_TIMEOUT=2 case_run "a survivor slower than DCOMM_TIMEOUT: the round is abandoned and the next one takes it in" 3 '[23]' -- --kill-rank 2 --kill-at-step 23 --slow-rank 3 --slow-ms 3000
+
 # The path a GPU (device-memory-only) backend takes: checkpoint outcomes
 # and headers through the store, the payload read by each rank from the
 # directory. The log line shows the path was taken.
