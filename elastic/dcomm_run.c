@@ -156,6 +156,7 @@ static void live_pids(const struct agent *a, char *buf, size_t n) {
   for (size_t i = 0; i < a->nw && off < n; i++)
     if (a->w[i]->running) off += (size_t)snprintf(buf + off, n - off, "%s%d", any++ ? "," : "", (int)a->w[i]->pid);
   if (!any) snprintf(buf, n, " pids=-");
+  if (off >= n) buf[0] = 0; /* too many to list: no list, so nobody is judged by one cut short */
 }
 
 /* This node's record, which the rounds' leaders read. */
