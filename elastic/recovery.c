@@ -37,8 +37,8 @@
 #include "store.h"
 
 #define DCOMM_MAX_SLOTS 1024 /* node slots a job may hand out */
-#define AGENT_RECORD_MAX 2048
-#define MAX_EMPTY_ROUNDS 4 /* abandoned rounds (or whose leader died) in a row before recovery fails */ /* a node record with its pid list (elastic/run.h: RUN_PIDS_TEXT) */
+#define AGENT_RECORD_MAX 2048 /* a node record with its pid list (elastic/run.h: RUN_PIDS_TEXT) */
+#define MAX_EMPTY_ROUNDS 4 /* abandoned rounds (or whose leader died) in a row before recovery fails */
 
 struct joiner {
   char id[40];
@@ -84,17 +84,24 @@ struct launchers {
   long workers;         /* live workers of those nodes */
   int min_nodes, max_nodes; /* rdzv/nnodes; 0: not set */
   int live_slot[DCOMM_MAX_SLOTS]; /* 1: the slot's node is alive */
+  char *pids[DCOMM_MAX_SLOTS];    /* its record's "P1,P2,..." list, or NULL: none */
 };
+
+static void launchers_clear(struct launchers *l) {
+  for (int i = 0; i < DCOMM_MAX_SLOTS; i++) free(l->pids[i]);
+  memset(l, 0, sizeof(*l));
+}
 
 static int slot_alive(const struct launchers *l, int slot) {
   return slot > 0 && slot < DCOMM_MAX_SLOTS && l->live_slot[slot];
 }
 
+/* l is empty or from an earlier call. */
 static void read_launchers(struct dcomm_store *s, struct launchers *l) {
-  memset(l, 0, sizeof(*l));
+  launchers_clear(l);
   long slots = get_long(s, "rdzv/agents/n", 0);
   if (slots >= DCOMM_MAX_SLOTS) slots = DCOMM_MAX_SLOTS - 1;
-  char key[64], buf[512];
+  char key[64], buf[AGENT_RECORD_MAX];
   for (long i = 1; i <= slots; i++) {
     long live = 0;
     snprintf(key, sizeof(key), "rdzv/agent/%ld", i);
@@ -102,6 +109,8 @@ static void read_launchers(struct dcomm_store *s, struct launchers *l) {
       l->nodes++;
       l->workers += live;
       l->live_slot[i] = 1;
+      const char *p = strstr(buf, " pids=");
+      if (p) l->pids[i] = strdup(p + 6); /* out of memory: no list, nobody judged */
     }
   }
   if (get_text(s, "rdzv/nnodes", buf, sizeof(buf)) && sscanf(buf, "%d %d", &l->min_nodes, &l->max_nodes) != 2)
@@ -109,17 +118,13 @@ static void read_launchers(struct dcomm_store *s, struct launchers *l) {
 }
 
 /* Whether the holder of a ticket (node slot, pid) still runs, as its
- * launcher's record says: 0 only when the record lists its live workers'
- * pids and this one is not among them; 1 otherwise (no launcher, a
- * record without a list, or a node that is gone, which is judged apart). */
-static int holder_alive(struct dcomm_store *s, int slot, long pid) {
-  if (slot <= 0 || pid <= 0) return 1;
-  char key[64], buf[AGENT_RECORD_MAX];
-  snprintf(key, sizeof(key), "rdzv/agent/%d", slot);
-  if (!get_text(s, key, buf, sizeof(buf))) return 1;
-  const char *p = strstr(buf, " pids=");
-  if (!p) return 1;
-  for (p += 6; *p && *p != ' ';) {
+ * launcher's record (read by read_launchers) says: 0 only when the record
+ * lists its live workers' pids and this one is not among them; 1 otherwise
+ * (no launcher, a record without a list, or a node that is gone, which is
+ * judged apart). */
+static int holder_alive(const struct launchers *l, int slot, long pid) {
+  if (slot <= 0 || slot >= DCOMM_MAX_SLOTS || pid <= 0 || !l->pids[slot]) return 1;
+  for (const char *p = l->pids[slot]; *p && *p != ' ';) {
     char *end;
     long v = strtol(p, &end, 10);
     if (end == p) break;
@@ -145,12 +150,12 @@ static int read_ticket(struct dcomm_store *s, long gen, int64_t t, double wait, 
 }
 
 /* Tickets 1..n whose holders still run (see holder_alive). */
-static int64_t live_tickets(struct dcomm_store *s, long gen, int64_t n) {
+static int64_t live_tickets(struct dcomm_store *s, const struct launchers *l, long gen, int64_t n) {
   int64_t live = 0;
   for (int64_t t = 1; t <= n; t++) {
     struct joiner j;
     /* A ticket taken but not yet written counts: its holder is at work. */
-    if (!read_ticket(s, gen, t, 0.001, &j) || holder_alive(s, j.slot, j.pid)) live++;
+    if (!read_ticket(s, gen, t, 0.001, &j) || holder_alive(l, j.slot, j.pid)) live++;
   }
   return live;
 }
@@ -189,8 +194,8 @@ static void abandon_round(struct dcomm_store *s, long gen) {
 }
 
 /* The leader closes round gen and writes the plan; 1: it gave up on the
- * round at the timeout and abandoned it. */
-static int lead_round(struct dcomm_store *s, long gen) {
+ * round at the timeout and abandoned it. l holds the launchers' records. */
+static int lead_round_with(struct dcomm_store *s, long gen, struct launchers *l) {
   char key[128];
   snprintf(key, sizeof(key), "elastic/join/%ld/n", gen);
   /* With launchers, their records say how many members to wait for: the
@@ -204,16 +209,15 @@ static int lead_round(struct dcomm_store *s, long gen) {
   int first = get_long(s, "elastic/gen", -1) < 0; /* the job's first world */
   double full_since = 0;                          /* first round: min nodes, all joined */
   int64_t n = 0;
-  struct launchers l;
   for (;;) {
     DCOMM_CHECK(dcomm__store_add(s, key, 0, &n));
     if (get_long(s, "elastic/done", 0) > 0)
       return dcomm__err(DCOMM_ENOTMEMBER, "the job finished before this member was admitted");
-    read_launchers(s, &l);
-    if (l.nodes > 0) {
+    read_launchers(s, l);
+    if (l->nodes > 0) {
       /* Enough tickets: do their holders still run? */
-      int ready = n >= l.workers && l.nodes >= l.min_nodes && live_tickets(s, gen, n) >= l.workers;
-      if (ready && (!first || (l.max_nodes > 0 && l.nodes >= l.max_nodes))) break;
+      int ready = n >= l->workers && l->nodes >= l->min_nodes && live_tickets(s, l, gen, n) >= l->workers;
+      if (ready && (!first || (l->max_nodes > 0 && l->nodes >= l->max_nodes))) break;
       if (ready && !full_since) full_since = dcomm__now();
       if (!ready) full_since = 0;
       if (ready && dcomm__now() - full_since >= settle) break;
@@ -221,12 +225,12 @@ static int lead_round(struct dcomm_store *s, long gen) {
       break;
     }
     if (dcomm__now() >= hard) {
-      if (l.nodes > 0 && l.nodes < l.min_nodes)
+      if (l->nodes > 0 && l->nodes < l->min_nodes)
         DCOMM_LOG(WARN, ELASTIC, "round %ld: %d node%s alive, fewer than the minimum %d, until the timeout", gen,
-                  l.nodes, l.nodes == 1 ? "" : "s", l.min_nodes);
+                  l->nodes, l->nodes == 1 ? "" : "s", l->min_nodes);
       else
         DCOMM_LOG(WARN, ELASTIC, "round %ld: only %lld of %ld members joined before the timeout", gen, (long long)n,
-                  l.workers);
+                  l->workers);
       abandon_round(s, gen);
       return 1;
     }
@@ -241,8 +245,8 @@ static int lead_round(struct dcomm_store *s, long gen) {
     /* A joiner whose node is gone died with it; a survivor may still be
      * alive, its launcher merely slower to be seen: it is kept. A holder
      * its launcher no longer runs is dead. */
-    if (l.nodes > 0 && j->old_rank < 0 && j->slot > 0 && !slot_alive(&l, j->slot)) continue;
-    if (l.nodes > 0 && !holder_alive(s, j->slot, j->pid)) {
+    if (l->nodes > 0 && j->old_rank < 0 && j->slot > 0 && !slot_alive(l, j->slot)) continue;
+    if (l->nodes > 0 && !holder_alive(l, j->slot, j->pid)) {
       DCOMM_LOG(INFO, ELASTIC, "round %ld: ticket %lld's member (pid %ld on node slot %d) died after joining", gen,
                 (long long)t, j->pid, j->slot);
       continue;
@@ -250,7 +254,7 @@ static int lead_round(struct dcomm_store *s, long gen) {
     k++;
   }
   qsort(js, (size_t)k, sizeof(*js), cmp_joiner);
-  k = admit_nodes(js, k, l.max_nodes, gen);
+  k = admit_nodes(js, k, l->max_nodes, gen);
   long max = dcomm__param_int(DCOMM_P_ELASTIC_MAX_WORLD);
   if (max > 0 && k > max) {
     DCOMM_LOG(INFO, ELASTIC, "round %ld: %d members, DCOMM_ELASTIC_MAX_WORLD=%ld admits %ld; the rest wait", gen, k, max, max);
@@ -277,6 +281,15 @@ static int lead_round(struct dcomm_store *s, long gen) {
   free(plan);
   if (rc < 0) return rc;
   return dcomm__store_set(s, "elastic/gen", g, (size_t)gl + 1);
+}
+
+static int lead_round(struct dcomm_store *s, long gen) {
+  struct launchers *l = calloc(1, sizeof(*l)); /* 12 KiB: not on the stack */
+  if (!l) return dcomm__err(DCOMM_ENOMEM, "out of memory");
+  int rc = lead_round_with(s, gen, l);
+  launchers_clear(l);
+  free(l);
+  return rc;
 }
 
 /* A heartbeat holds the writer's CLOCK_MONOTONIC, which another host
