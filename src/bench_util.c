@@ -346,15 +346,10 @@ void bench_run_bytes(const struct bench_run *x, size_t *sbytes, size_t *rbytes) 
 
 void bench_buffer_bytes(const struct bench_opts *o, size_t es, int n, size_t *maxcount, size_t *sbytes, size_t *rbytes) {
   size_t maxsize = 0;
-  *maxcount = *sbytes = *rbytes = 0;
+  *maxcount = 0;
   shape(o->op, o->maxb, es, n, maxcount, &maxsize);
-  switch (o->op) {
-    case OP_ALL_REDUCE: case OP_BROADCAST: *rbytes = maxsize; break;
-    case OP_ALL_GATHER: *sbytes = *maxcount * es; *rbytes = maxsize; break;
-    case OP_REDUCE_SCATTER: *sbytes = maxsize; *rbytes = *maxcount * es; break;
-    case OP_ALL_TO_ALL: *sbytes = *rbytes = maxsize; break;
-    default: break;
-  }
+  const struct bench_run largest = {.op = o->op, .es = es, .count = *maxcount, .gsize = n};
+  bench_run_bytes(&largest, sbytes, rbytes);
 }
 
 void bench_print_config(const struct bench_opts *o, int wsize, int gsize) {

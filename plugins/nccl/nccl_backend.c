@@ -23,7 +23,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <time.h>
 
 #include "dcomm.h"
@@ -349,7 +348,7 @@ static int be_init(const struct dcomm_host *host, void **out) {
   struct dnccl_syms syms = dnccl_syms_here();
   dnccl_caps_compute(ver, &syms, &ctx->caps);
   const char *sp = host->param ? host->param("DCOMM_NCCL_SPLIT") : NULL;
-  ctx->split = !(sp && (!strcmp(sp, "0") || !strcasecmp(sp, "false") || !strcasecmp(sp, "no") || !strcasecmp(sp, "off")));
+  if (!sp || !host->parse_bool || host->parse_bool(sp, &ctx->split) != 0) ctx->split = 1;
   const char *t = host->param ? host->param("DCOMM_TIMEOUT") : NULL;
   char *end = NULL;
   ctx->finalize_timeout = t ? strtod(t, &end) : 0;

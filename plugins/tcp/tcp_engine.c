@@ -339,11 +339,15 @@ static int await_ack(struct tcp_comm *c, struct tcp_xop *op, const struct dcomm_
   return 0;
 }
 
+/* A ring send publishes at most this much at a time, so the reader copies
+ * out while the rest is copied in. */
 #define SHM_PIECE ((size_t)65536)
 /* A socket send takes at most this much at a time. Over loopback, whole
  * 1 MiB payloads in one sendmsg made a 2-rank all_reduce of 2 MiB take
  * 780-840 us; 256 KiB pieces 415-420 (64 KiB: 750, too many calls). */
 #define SOCK_PIECE ((size_t)262144)
+
+static size_t piece(size_t n, size_t max) { return n < max ? n : max; }
 
 static int progress_send_ring(struct tcp_comm *c, struct tcp_xop *op, const struct dcomm_coll_args *a) {
   struct tcp_peer *p = &c->peers[op->peer];
@@ -360,17 +364,14 @@ static int progress_send_ring(struct tcp_comm *c, struct tcp_xop *op, const stru
     op->done = sizeof(op->hdr);
   }
   if (op->cma) return await_ack(c, op, a);
-  /* Large payloads are published piece by piece, so the reader copies
-   * out while the rest is copied in. */
   if (op->done == 0) {
-    long n = tcp_shm_put_frame(p->shm, &op->hdr, op->sbuf, op->len < SHM_PIECE ? op->len : SHM_PIECE);
+    long n = tcp_shm_put_frame(p->shm, &op->hdr, op->sbuf, piece(op->len, SHM_PIECE));
     if (n < 0) return 0;
     op->done = sizeof(op->hdr) + (size_t)n;
   }
   size_t total = sizeof(op->hdr) + op->len;
   while (op->done < total) {
-    size_t want = total - op->done < SHM_PIECE ? total - op->done : SHM_PIECE;
-    size_t n = tcp_shm_put(p->shm, (const char *)op->sbuf + (op->done - sizeof(op->hdr)), want);
+    size_t n = tcp_shm_put(p->shm, (const char *)op->sbuf + (op->done - sizeof(op->hdr)), piece(total - op->done, SHM_PIECE));
     if (!n) return 0;
     op->done += n;
   }
@@ -464,10 +465,9 @@ static int progress_send(struct tcp_comm *c, struct tcp_xop *op, const struct dc
     int k = 0;
     if (op->done < sizeof(op->hdr)) {
       iov[k++] = (struct iovec){(char *)&op->hdr + op->done, sizeof(op->hdr) - op->done};
-      if (op->len) iov[k++] = (struct iovec){(void *)(uintptr_t)op->sbuf, op->len < SOCK_PIECE ? op->len : SOCK_PIECE};
+      if (op->len) iov[k++] = (struct iovec){(void *)(uintptr_t)op->sbuf, piece(op->len, SOCK_PIECE)};
     } else {
-      size_t rest = total - op->done;
-      iov[k++] = (struct iovec){(char *)(uintptr_t)op->sbuf + (op->done - sizeof(op->hdr)), rest < SOCK_PIECE ? rest : SOCK_PIECE};
+      iov[k++] = (struct iovec){(char *)(uintptr_t)op->sbuf + (op->done - sizeof(op->hdr)), piece(total - op->done, SOCK_PIECE)};
     }
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)k};
     ssize_t n = sendmsg(p->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -643,9 +643,11 @@ static int spin_rings(struct tcp_comm *c, struct tcp_xop *ops, int n, const stru
   const struct dcomm_host *h = c->ctx->host;
   double t0 = h->now(), last = t0;
   double pause_s = oversubscribed(c->ctx) ? 0 : PAUSE_SPIN, stall = c->ctx->shm_spin;
-  for (int i = 0; i < n && stall > 0; i++) /* DCOMM_SHM_SPIN=0: sleep at once */
-    if (!ops[i].complete && ops[i].is_send && ops[i].cma && c->ctx->shm_spin + (double)ops[i].len / CMA_SPIN_RATE > stall)
-      stall = c->ctx->shm_spin + (double)ops[i].len / CMA_SPIN_RATE;
+  for (int i = 0; i < n && c->ctx->shm_spin > 0; i++) /* DCOMM_SHM_SPIN=0: sleep at once */
+    if (!ops[i].complete && ops[i].is_send && ops[i].cma) {
+      double copying = c->ctx->shm_spin + (double)ops[i].len / CMA_SPIN_RATE;
+      if (copying > stall) stall = copying;
+    }
   for (;;) {
     int moved = 0, any = 0;
     for (int i = 0; i < n; i++) {

@@ -170,7 +170,8 @@ int main(int argc, char **argv) {
     bench_print_columns();
   }
 
-  const struct bench_comm comm = {run_once, sum_world, max_world, barrier_world, &m};
+  const struct bench_comm comm = {.run_once = run_once, .sum_world = sum_world, .max_world = max_world,
+                                  .barrier_world = barrier_world, .ctx = &m};
   uint64_t total_errors = bench_loop(&o, &x, &comm, wrank == 0);
   if (m.g != MPI_COMM_WORLD) MPI_Comm_free(&m.g);
   free(x.sbuf);
