@@ -1,19 +1,25 @@
 /*
  * checkpoint.c: crash-safe checkpoint files (see checkpoint.h for the format).
  *
- * Commit protocol of dcomm__ckpt_write:
+ * dcomm__ckpt_write:
  *   1. write header + payload to <dir>/.ckpt-<step>.tmp.<pid>
  *   2. fsync the temp file, close it
- *   3. rename it to <dir>/ckpt-<step>.dcp (atomic replace)
+ *   3. rename it to <dir>/ckpt-<step>-g<generation>.dcp
  *   4. fsync the directory, so that the rename itself is durable
- *   5. prune: delete the oldest ckpt-*.dcp beyond keep and leftover temp files
- * A crash before 3 leaves only a temp file, which readers never look at; a
- * crash after 3 leaves a complete file. Readers still check everything
- * (magic, version, header CRC, length against the file size, payload CRC),
- * since files can be damaged by other means, and fall back to older files.
+ * dcomm__ckpt_commit (after the job's store accepted the record):
+ *   5. under flock(<dir>/.commit.lock): read COMMITTED, add the record,
+ *      write it through a temp file, fsync, rename, fsync the directory
+ *   6. prune: delete ckpt-*.dcp files no record names, and temp files
+ * A crash before 5 leaves a file no record names, which readers never
+ * read; a crash after 5 leaves the new record in force. Readers still
+ * check everything (magic, version, header CRC, length against the file
+ * size, payload CRC, and that the header is the one the record describes),
+ * since files can be damaged by other means, and fall back to the previous
+ * record.
  *
- * Only one writer per directory is supported: any temp file other than the
- * one being written is a leftover of a crashed writer.
+ * Only one writer per directory at a time is legitimate (rank 0 of the
+ * current generation); a fenced writer of an older generation may still
+ * write a file, under another name, but never a record.
  */
 #include "config.h"
 #include "checkpoint.h"
@@ -25,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -156,12 +163,21 @@ static int fsync_retry(int fd) {
 
 /* ---- names ---- */
 
-/* "ckpt-<digits>.dcp" exactly; the digits give the step. */
+/* "ckpt-<digits>-g<digits>.dcp" (the generation may be negative), or the
+ * older "ckpt-<digits>.dcp"; the digits give the step. */
 static int parse_ckpt_name(const char *name, uint64_t *step) {
   if (strncmp(name, "ckpt-", 5) != 0) return 0;
   const char *d = name + 5, *e = d;
   while (*e >= '0' && *e <= '9') e++;
-  if (e == d || e - d > 20 || strcmp(e, ".dcp") != 0) return 0;
+  if (e == d || e - d > 20) return 0;
+  const char *tail = e;
+  if (!strncmp(tail, "-g", 2)) {
+    const char *g = tail + 2 + (tail[2] == '-'), *ge = g;
+    while (*ge >= '0' && *ge <= '9') ge++;
+    if (ge == g || ge - g > 19) return 0;
+    tail = ge;
+  }
+  if (strcmp(tail, ".dcp") != 0) return 0;
   errno = 0;
   unsigned long long v = strtoull(d, NULL, 10);
   if (errno == ERANGE) return 0;
@@ -183,7 +199,7 @@ static int is_tmp_name(const char *name) {
 
 struct ckpt_entry {
   uint64_t step;
-  char name[32]; /* "ckpt-" + at most 20 digits + ".dcp" */
+  char name[64]; /* parse_ckpt_name bounds it */
 };
 
 struct ckpt_list {
@@ -290,9 +306,9 @@ static int mkdir_p(const char *dir) {
 
 /* ---- write ---- */
 
-/* Deletes checkpoints beyond keep (never `keep_name`) and leftover temp
+/* Deletes every checkpoint file not named in names[0..n) and leftover temp
  * files. Returns the number of failures; each one is logged. */
-static int prune(int dfd, const char *dir, const char *keep_name, int keep) {
+static int prune(int dfd, const char *dir, const struct dcomm_ckpt_rec *names, int n) {
   int fd2 = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd2 < 0) {
     DCOMM_LOG(WARN, ELASTIC, "checkpoint: cannot prune %s: open: %s", dir, strerror(errno));
@@ -310,19 +326,17 @@ static int prune(int dfd, const char *dir, const char *keep_name, int keep) {
     DCOMM_LOG(WARN, ELASTIC, "checkpoint: cannot prune %s: %s", dir, dcomm_last_error());
     return 1;
   }
-  int failures = 0, removed = 0, kept = 1; /* keep_name counts as kept */
+  int failures = 0, removed = 0;
   for (size_t i = 0; i < l.n; i++) {
-    if (!strcmp(l.v[i].name, keep_name)) continue;
-    if (kept < keep) {
-      kept++;
-      continue;
-    }
+    int named = 0;
+    for (int k = 0; k < n && !named; k++) named = !strcmp(l.v[i].name, names[k].name);
+    if (named) continue;
     if (unlinkat(dfd, l.v[i].name, 0) < 0 && errno != ENOENT) {
       DCOMM_LOG(WARN, ELASTIC, "checkpoint: cannot delete old checkpoint %s/%s: unlink: %s", dir, l.v[i].name,
                 strerror(errno));
       failures++;
     } else {
-      DCOMM_LOG(DEBUG, ELASTIC, "checkpoint: deleted old checkpoint %s/%s", dir, l.v[i].name);
+      DCOMM_LOG(DEBUG, ELASTIC, "checkpoint: deleted %s/%s (old or never committed)", dir, l.v[i].name);
       removed++;
     }
   }
@@ -345,9 +359,9 @@ static int prune(int dfd, const char *dir, const char *keep_name, int keep) {
   return failures;
 }
 
-int dcomm__ckpt_write(const char *dir, uint64_t step, int64_t generation, const void *data, size_t len, int keep) {
+int dcomm__ckpt_write(const char *dir, uint64_t step, int64_t generation, const void *data, size_t len,
+                      struct dcomm_ckpt_rec *rec) {
   if (!dir || !*dir) return dcomm__err(DCOMM_EINVAL, "checkpoint write: empty directory name");
-  if (keep < 1) return dcomm__err(DCOMM_EINVAL, "checkpoint write: keep must be >= 1 (got %d)", keep);
   if (len > 0 && !data) return dcomm__err(DCOMM_EINVAL, "checkpoint write: data is NULL but len is %zu", len);
   if ((uint64_t)len > DCOMM_CKPT_MAX_PAYLOAD)
     return dcomm__err(DCOMM_EINVAL, "checkpoint write: payload of %zu bytes exceeds the %llu-byte limit", len,
@@ -358,7 +372,7 @@ int dcomm__ckpt_write(const char *dir, uint64_t step, int64_t generation, const 
   if (dfd < 0) return dcomm__err_sys(errno, "checkpoint write: open directory %s", dir);
 
   char final_name[64], tmp_name[96];
-  snprintf(final_name, sizeof(final_name), "ckpt-%012llu.dcp", (unsigned long long)step);
+  snprintf(final_name, sizeof(final_name), "ckpt-%012llu-g%lld.dcp", (unsigned long long)step, (long long)generation);
   snprintf(tmp_name, sizeof(tmp_name), ".ckpt-%012llu.tmp.%ld", (unsigned long long)step, (long)getpid());
 
   struct ckpt_header h = {.version = DCOMM_CKPT_VERSION,
@@ -406,8 +420,16 @@ int dcomm__ckpt_write(const char *dir, uint64_t step, int64_t generation, const 
   }
   DCOMM_LOG(INFO, ELASTIC, "checkpoint: wrote step %llu (generation %lld, %zu bytes) to %s/%s",
             (unsigned long long)step, (long long)generation, len, dir, final_name);
-  prune(dfd, dir, final_name, keep);
   close(dfd);
+  if (rec) {
+    memset(rec, 0, sizeof(*rec));
+    rec->step = step;
+    rec->generation = generation;
+    rec->len = (uint64_t)len;
+    rec->header_crc = get_u32(raw + OFF_HCRC);
+    rec->payload_crc = h.payload_crc;
+    snprintf(rec->name, sizeof(rec->name), "%s", final_name);
+  }
   return 0;
 
 fail_fd:
@@ -523,6 +545,8 @@ int dcomm__ckpt_read_file(const char *path, void **data, size_t *len, struct dco
     info->step = h.step;
     info->generation = h.generation;
     info->len = h.payload_len;
+    info->header_crc = h.header_crc;
+    info->payload_crc = h.payload_crc;
     snprintf(info->path, sizeof(info->path), "%s", path);
   }
   *data = buf;
@@ -534,51 +558,200 @@ out:
   return rc;
 }
 
-int dcomm__ckpt_read_latest(const char *dir, void **data, size_t *len, struct dcomm_ckpt_info *info) {
+/* ---- commit records ---- */
+
+int dcomm__ckpt_rec_format(const struct dcomm_ckpt_rec *r, char *buf, size_t n) {
+  int k = snprintf(buf, n, "%llu %lld %llu %08x %08x %s", (unsigned long long)r->step, (long long)r->generation,
+                   (unsigned long long)r->len, r->header_crc, r->payload_crc, r->name);
+  if (k < 0 || (size_t)k >= n) return dcomm__err(DCOMM_EINVAL, "checkpoint: record of %s does not fit", r->name);
+  return k;
+}
+
+int dcomm__ckpt_rec_parse(const char *text, struct dcomm_ckpt_rec *r) {
+  unsigned long long step, len;
+  long long gen;
+  unsigned hc, pc;
+  char name[64], extra;
+  memset(r, 0, sizeof(*r));
+  uint64_t named_step;
+  if (sscanf(text, "%llu %lld %llu %8x %8x %63s %c", &step, &gen, &len, &hc, &pc, name, &extra) != 6 ||
+      !parse_ckpt_name(name, &named_step) || named_step != step)
+    return dcomm__err(DCOMM_EPROTO, "checkpoint: malformed commit record '%.120s'", text);
+  r->step = step;
+  r->generation = gen;
+  r->len = len;
+  r->header_crc = hc;
+  r->payload_crc = pc;
+  memcpy(r->name, name, sizeof(r->name));
+  return 0;
+}
+
+/* Newest first: by generation, then step. */
+static int rec_cmp(const void *a, const void *b) {
+  const struct dcomm_ckpt_rec *x = a, *y = b;
+  if (x->generation != y->generation) return x->generation > y->generation ? -1 : 1;
+  if (x->step != y->step) return x->step > y->step ? -1 : 1;
+  return strcmp(x->name, y->name);
+}
+
+#define MAX_RECS 64 /* records COMMITTED holds at most */
+
+/* Reads <dir>/COMMITTED into recs (at most MAX_RECS): *n records, 0 when the
+ * file does not exist. Malformed lines are skipped with a warning. */
+static int read_commits(int dfd, const char *dir, struct dcomm_ckpt_rec *recs, int *n) {
+  *n = 0;
+  int fd = openat(dfd, DCOMM_CKPT_COMMIT_FILE, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? 0 : dcomm__err_sys(errno, "checkpoint: open %s/%s", dir, DCOMM_CKPT_COMMIT_FILE);
+  char buf[MAX_RECS * DCOMM_CKPT_REC_TEXT + 64];
+  size_t got = 0;
+  int e = read_full(fd, buf, sizeof(buf) - 1, &got);
+  close(fd);
+  if (e < 0) return dcomm__err_sys(-e, "checkpoint: read %s/%s", dir, DCOMM_CKPT_COMMIT_FILE);
+  buf[got] = 0;
+  char *save = NULL, *line = strtok_r(buf, "\n", &save);
+  if (!line || strcmp(line, "dcomm-checkpoint-commits 1") != 0) {
+    DCOMM_LOG(WARN, ELASTIC, "checkpoint: %s/%s is not a commit list; no checkpoint there counts", dir,
+              DCOMM_CKPT_COMMIT_FILE);
+    return 0;
+  }
+  while ((line = strtok_r(NULL, "\n", &save)) && *n < MAX_RECS) {
+    if (dcomm__ckpt_rec_parse(line, &recs[*n]) == 0) ++*n;
+    else DCOMM_LOG(WARN, ELASTIC, "checkpoint: %s/%s: %s", dir, DCOMM_CKPT_COMMIT_FILE, dcomm_last_error());
+  }
+  return 0;
+}
+
+/* Writes recs to <dir>/COMMITTED: temp file, fsync, rename, fsync dir. */
+static int write_commits(int dfd, const char *dir, const struct dcomm_ckpt_rec *recs, int n) {
+  char tmp[64], text[MAX_RECS * DCOMM_CKPT_REC_TEXT + 64];
+  snprintf(tmp, sizeof(tmp), ".commit.tmp.%ld", (long)getpid());
+  size_t off = (size_t)snprintf(text, sizeof(text), "dcomm-checkpoint-commits 1\n");
+  for (int i = 0; i < n; i++) {
+    int k = dcomm__ckpt_rec_format(&recs[i], text + off, sizeof(text) - off - 1);
+    if (k < 0) return k;
+    off += (size_t)k;
+    text[off++] = '\n';
+  }
+  int fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return dcomm__err_sys(errno, "checkpoint commit: create %s/%s", dir, tmp);
+  int e = write_all(fd, text, off), rc = 0;
+  if (e < 0) rc = dcomm__err_sys(-e, "checkpoint commit: write %s/%s", dir, tmp);
+  else if (fsync_retry(fd) < 0) rc = dcomm__err_sys(errno, "checkpoint commit: fsync %s/%s", dir, tmp);
+  close(fd);
+  if (rc == 0 && renameat(dfd, tmp, dfd, DCOMM_CKPT_COMMIT_FILE) < 0)
+    rc = dcomm__err_sys(errno, "checkpoint commit: rename %s/%s to %s", dir, tmp, DCOMM_CKPT_COMMIT_FILE);
+  if (rc < 0) {
+    unlinkat(dfd, tmp, 0);
+    return rc;
+  }
+  if (fsync_retry(dfd) < 0 && errno != EINVAL && errno != ENOTSUP)
+    return dcomm__err_sys(errno, "checkpoint commit: fsync directory %s", dir);
+  return 0;
+}
+
+int dcomm__ckpt_commit(const char *dir, const struct dcomm_ckpt_rec *rec, int keep) {
+  if (!dir || !*dir || !rec) return dcomm__err(DCOMM_EINVAL, "checkpoint commit: empty directory or NULL record");
+  if (keep < 1) return dcomm__err(DCOMM_EINVAL, "checkpoint commit: keep must be >= 1 (got %d)", keep);
+  if (keep > MAX_RECS - 1) keep = MAX_RECS - 1;
+  uint64_t named;
+  if (!parse_ckpt_name(rec->name, &named) || named != rec->step)
+    return dcomm__err(DCOMM_EINVAL, "checkpoint commit: '%s' is not the file of step %llu", rec->name,
+                      (unsigned long long)rec->step);
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return dcomm__err_sys(errno, "checkpoint commit: open directory %s", dir);
+  /* One read-modify-write at a time, even with a fenced writer about. */
+  int lfd = openat(dfd, ".commit.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lfd < 0 || flock(lfd, LOCK_EX) < 0) {
+    int rc = dcomm__err_sys(errno, "checkpoint commit: lock %s/.commit.lock", dir);
+    if (lfd >= 0) close(lfd);
+    close(dfd);
+    return rc;
+  }
+  struct dcomm_ckpt_rec recs[MAX_RECS + 1];
+  int n = 0;
+  int rc = read_commits(dfd, dir, recs, &n);
+  if (rc == 0) {
+    int dup = 0;
+    for (int i = 0; i < n && !dup; i++) dup = !strcmp(recs[i].name, rec->name);
+    if (!dup) recs[n++] = *rec;
+    qsort(recs, (size_t)n, sizeof(recs[0]), rec_cmp);
+    if (n > keep) n = keep;
+    rc = write_commits(dfd, dir, recs, n);
+  }
+  if (rc == 0) {
+    DCOMM_LOG(INFO, ELASTIC, "checkpoint: committed step %llu (generation %lld) in %s/%s", (unsigned long long)rec->step,
+              (long long)rec->generation, dir, DCOMM_CKPT_COMMIT_FILE);
+    prune(dfd, dir, recs, n);
+  }
+  flock(lfd, LOCK_UN);
+  close(lfd);
+  close(dfd);
+  return rc;
+}
+
+/* Warns about every checkpoint file of dir that no record names. */
+static void warn_uncommitted(const char *dir, const struct dcomm_ckpt_rec *recs, int n) {
+  DIR *d = opendir(dir);
+  struct ckpt_list l;
+  if (!d || scan_dir(d, dir, 0, &l) < 0) return;
+  for (size_t i = 0; i < l.n; i++) {
+    int named = 0;
+    for (int k = 0; k < n && !named; k++) named = !strcmp(l.v[i].name, recs[k].name);
+    if (!named)
+      DCOMM_LOG(WARN, ELASTIC, "checkpoint: ignoring %s/%s: never committed (its writer crashed, or was fenced: "
+                "a member of a generation that had ended)", dir, l.v[i].name);
+  }
+  list_free(&l);
+}
+
+int dcomm__ckpt_read_committed(const char *dir, const struct dcomm_ckpt_rec *also, void **data, size_t *len,
+                               struct dcomm_ckpt_info *info) {
   if (!data || !len) return dcomm__err(DCOMM_EINVAL, "checkpoint read: data and len must not be NULL");
   *data = NULL;
   *len = 0;
   if (!dir || !*dir) return dcomm__err(DCOMM_EINVAL, "checkpoint read: empty directory name");
-  DIR *d = opendir(dir);
-  if (!d) {
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) {
     if (errno == ENOENT || errno == ENOTDIR)
       return dcomm__err(DCOMM_ENOTFOUND, "no checkpoint: %s does not exist or is not a directory", dir);
-    return dcomm__err_sys(errno, "checkpoint read: opendir %s", dir);
+    return dcomm__err_sys(errno, "checkpoint read: open directory %s", dir);
   }
-  struct ckpt_list l;
-  DCOMM_CHECK(scan_dir(d, dir, 0, &l));
-  if (l.n == 0) {
-    list_free(&l);
-    return dcomm__err(DCOMM_ENOTFOUND, "no checkpoint: no ckpt-*.dcp file in %s", dir);
+  struct dcomm_ckpt_rec recs[MAX_RECS + 1];
+  int n = 0;
+  int rc = read_commits(dfd, dir, recs, &n);
+  close(dfd);
+  if (rc < 0) return rc;
+  if (also) {
+    int dup = 0;
+    for (int i = 0; i < n && !dup; i++) dup = !strcmp(recs[i].name, also->name);
+    if (!dup) recs[n++] = *also;
   }
-  size_t skipped = 0;
-  for (size_t i = 0; i < l.n; i++) {
+  qsort(recs, (size_t)n, sizeof(recs[0]), rec_cmp);
+  warn_uncommitted(dir, recs, n);
+  if (n == 0) return dcomm__err(DCOMM_ENOTFOUND, "no checkpoint: nothing committed in %s (no %s)", dir, DCOMM_CKPT_COMMIT_FILE);
+  int skipped = 0;
+  for (int i = 0; i < n; i++) {
     char path[PATH_MAX];
     struct dcomm_ckpt_info tmp;
-    void *buf;
-    size_t blen;
-    int rc = join_path(path, sizeof(path), dir, l.v[i].name);
+    void *buf = NULL;
+    size_t blen = 0;
+    rc = join_path(path, sizeof(path), dir, recs[i].name);
     if (rc == 0) rc = dcomm__ckpt_read_file(path, &buf, &blen, &tmp);
+    if (rc == 0 && (tmp.step != recs[i].step || tmp.generation != recs[i].generation || tmp.len != recs[i].len ||
+                    tmp.header_crc != recs[i].header_crc || tmp.payload_crc != recs[i].payload_crc)) {
+      free(buf);
+      rc = dcomm__err(DCOMM_EPROTO, "checkpoint %s: not the file its commit record describes (step %llu, "
+                      "generation %lld, CRCs %08x/%08x)", path, (unsigned long long)recs[i].step,
+                      (long long)recs[i].generation, recs[i].header_crc, recs[i].payload_crc);
+    }
     if (rc == DCOMM_EPROTO || rc == DCOMM_ENOTFOUND) {
-      /* ENOTFOUND: deleted since the scan (pruned by a running writer). */
       DCOMM_LOG(WARN, ELASTIC, "skipping invalid %s", dcomm_last_error()); /* the detail names the file */
       skipped++;
       continue;
     }
-    if (rc < 0) {
-      list_free(&l);
-      return rc;
-    }
-    if (tmp.step != l.v[i].step) {
-      DCOMM_LOG(WARN, ELASTIC, "checkpoint: skipping %s: its header says step %llu but its name says %llu", path,
-                (unsigned long long)tmp.step, (unsigned long long)l.v[i].step);
-      free(buf);
-      skipped++;
-      continue;
-    }
-    list_free(&l);
+    if (rc < 0) return rc;
     if (skipped > 0)
-      DCOMM_LOG(WARN, ELASTIC, "checkpoint: fell back to %s (step %llu) after skipping %zu newer invalid file(s)",
+      DCOMM_LOG(WARN, ELASTIC, "checkpoint: fell back to %s (step %llu) after skipping %d newer invalid file(s)",
                 tmp.path, (unsigned long long)tmp.step, skipped);
     else
       DCOMM_LOG(INFO, ELASTIC, "checkpoint: read step %llu (generation %lld, %zu bytes) from %s",
@@ -588,8 +761,6 @@ int dcomm__ckpt_read_latest(const char *dir, void **data, size_t *len, struct dc
     *len = blen;
     return 0;
   }
-  size_t n = l.n;
-  list_free(&l);
-  return dcomm__err(DCOMM_ENOTFOUND, "no valid checkpoint in %s: all %zu ckpt-*.dcp file(s) are torn or corrupt", dir,
-                    n);
+  return dcomm__err(DCOMM_ENOTFOUND, "no valid checkpoint in %s: all %d committed file(s) are missing, torn or corrupt",
+                    dir, n);
 }

@@ -82,6 +82,8 @@ struct agent {
   int sig;
   int hb_seen; /* some worker of this launch has sent a heartbeat */
   double hb_timeout;
+  double last_tick;   /* when tick last ran (a long gap: this agent was frozen) */
+  double resumed_at;  /* CLOCK_MONOTONIC when it came back; heartbeats count from there */
   int store_warned;
   double t0;
   char fail_reason[512];
@@ -146,6 +148,16 @@ static int store_usable(struct agent *a) { return a->st && !(a->rdzv && run_rdzv
 static void store_set_text(struct agent *a, const char *key, const char *val) {
   if (!store_usable(a)) return;
   if (dcomm__store_set(a->st, key, val, strlen(val) + 1) < 0) store_warn(a, "set");
+}
+
+/* Posts a revoke notice, create-only: the first notice of a generation
+ * stays (it names the first failure). */
+static void post_revoke(struct agent *a, const char *key, const char *notice) {
+  if (!store_usable(a)) return;
+  void *cur = NULL;
+  size_t clen = 0;
+  if (dcomm__store_compare_set(a->st, key, NULL, 0, notice, strlen(notice) + 1, &cur, &clen) < 0) store_warn(a, "revoke");
+  free(cur);
 }
 
 /* " pids=P1,P2,..." of the workers not reaped yet: a round's leader
@@ -378,8 +390,13 @@ static void on_worker_exit(struct agent *a, struct run_worker *w, int status) {
   for (int k = 0; k < 2; k++) run_stream_pump(&w->s[k], w->rank, a->o.quiet_prefix);
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) w->done = 1;
   else w->dead = 1;
-  char desc[128];
+  char desc[128], why[300];
   run_describe_status(status, desc, sizeof(desc));
+  if (a->phase == PH_RUN && a->rdzv && run_rdzv_lost(a->rdzv, why, sizeof(why))) {
+    char msg[400]; /* fenced: the worker died by this agent's own hand */
+    snprintf(msg, sizeof(msg), "this node left the job: %s", why);
+    fail_job(a, msg);
+  }
   if (a->phase != PH_RUN || w->agent_stop) {
     if (w->dead) run_log("worker %d (pid %d) stopped (%s)", w->rank, (int)w->pid, desc);
     return;
@@ -394,7 +411,7 @@ static void on_worker_exit(struct agent *a, struct run_worker *w, int status) {
     }
     snprintf(key, sizeof(key), "elastic/revoke/%ld", g);
     snprintf(notice, sizeof(notice), "worker %d (pid %d) %s", w->rank, (int)w->pid, desc);
-    store_set_text(a, key, notice);
+    post_revoke(a, key, notice);
     run_log("worker %d (pid %d) died (%s); generation %ld revoked", w->rank, (int)w->pid, desc, g);
     apply_policy(a, w);
   }
@@ -431,7 +448,9 @@ static void heartbeat_check(struct agent *a) {
       double t = strtod(val, &end);
       if (end == val) continue;
       a->hb_seen = 1;
-      double age = wall - t;
+      /* While this agent was frozen, it could not take the heartbeats (it
+       * hosts the store): they count from its return. */
+      double age = wall - (t > a->resumed_at ? t : a->resumed_at);
       if (age > a->hb_timeout) {
         run_log("worker %d (pid %d) is hung: its last heartbeat is %.1f s old (DCOMM_HEARTBEAT_TIMEOUT %g s); "
                 "killing it",
@@ -451,6 +470,13 @@ static void heartbeat_check(struct agent *a) {
 
 static void tick(struct agent *a) {
   double now = dcomm__now();
+  if (a->last_tick > 0 && now - a->last_tick > 1.0 + 5 * TICK_S) {
+    a->resumed_at = wall_now();
+    run_log("dcomm-run did not run for %.1f s (stopped or starved); the workers' heartbeats are judged from now",
+            now - a->last_tick);
+  }
+  a->last_tick = now;
+  if (a->rdzv) run_rdzv_check_fence(a->rdzv);
   if (a->phase != PH_RUN && !a->hard_killed && now >= a->kill_deadline) {
     int live = live_count(a);
     if (live) {

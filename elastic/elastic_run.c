@@ -1,11 +1,21 @@
 /*
- * elastic_run.c: barrier-synchronized rank-0 checkpoints and the
+ * elastic_run.c: barrier-synchronized, fenced rank-0 checkpoints and the
  * high-level training loop dcomm_elastic_run (step, save and load
  * callbacks; recovery and restore on failure).
+ *
+ * A checkpoint counts once it is committed: rank 0 writes the file, then
+ * sets its record (checkpoint.h) under ckpt/commit/<hash of the directory>
+ * in the job's store with a guarded write (in elastic mode: elastic/gen
+ * still holds this generation and it is not revoked), then adds the record
+ * to the directory's COMMITTED list. A fenced rank 0 (its generation ended
+ * while it was frozen or cut off) fails the guarded write, so its file is
+ * never restored. Restore reads the store's record and the directory's
+ * list, never "the newest file".
  */
 #include "config.h"
 
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,14 +29,76 @@
 #include "sock.h"
 #include "store.h"
 
+/* The store key of a directory's commit record (its real path hashed, so
+ * that "ckpt" and "./ckpt" name one record). */
+static void commit_key(const char *dir, char *key, size_t n) {
+  char real[PATH_MAX];
+  const char *p = realpath(dir, real) ? real : dir;
+  snprintf(key, n, "ckpt/commit/%016llx", (unsigned long long)dcomm__hash64(0, p, strlen(p)));
+}
+
+/* Sets the record in the job's store, guarded by this generation's
+ * authority: DCOMM_EREVOKED when this process was fenced. */
+static int store_commit(const char *dir, const struct dcomm_ckpt_rec *rec) {
+  struct dcomm_world *w = &dcomm__w;
+  char key[64], text[DCOMM_CKPT_REC_TEXT], g[32], rkey[64];
+  int tl = dcomm__ckpt_rec_format(rec, text, sizeof(text));
+  if (tl < 0) return tl;
+  commit_key(dir, key, sizeof(key));
+  struct dcomm_store_cmp cmps[2];
+  int nc = 0;
+  if (w->elastic) {
+    int gl = snprintf(g, sizeof(g), "%ld", w->generation);
+    snprintf(rkey, sizeof(rkey), "elastic/revoke/%ld", w->generation);
+    cmps[nc++] = (struct dcomm_store_cmp){"elastic/gen", DCOMM_STORE_EQUAL, g, (size_t)gl + 1};
+    cmps[nc++] = (struct dcomm_store_cmp){rkey, DCOMM_STORE_ABSENT, NULL, 0};
+  }
+  struct dcomm_store_put put = {key, text, (size_t)tl + 1};
+  int done = 0;
+  DCOMM_CHECK(dcomm__store_set_prefix(w->store, ""));
+  int rc = dcomm__store_txn(w->store, cmps, nc, &put, 1, &done);
+  int prc = dcomm__world_prefix(w);
+  if (rc < 0) return rc;
+  if (prc < 0) return prc;
+  if (!done)
+    return dcomm__err(DCOMM_EREVOKED, "fenced: generation %ld is over (revoked, or the job moved on while this "
+                      "process was frozen or cut off), so %s/%s is not committed and will never be restored",
+                      w->generation, dir, rec->name);
+  return 0;
+}
+
+/* The store's record for dir: 1 found, 0 none. */
+static int store_record(const char *dir, struct dcomm_ckpt_rec *rec) {
+  struct dcomm_world *w = &dcomm__w;
+  char key[64];
+  void *val = NULL;
+  size_t len = 0;
+  commit_key(dir, key, sizeof(key));
+  if (dcomm__store_set_prefix(w->store, "") < 0) return 0;
+  int rc = dcomm__store_get(w->store, key, 0.001, &val, &len);
+  dcomm__world_prefix(w);
+  int found = rc == 0 && len > 0 && ((char *)val)[len - 1] == 0 && dcomm__ckpt_rec_parse(val, rec) == 0;
+  free(val);
+  return found;
+}
+
+/* Rank 0: write the file, commit it in the store (the fence), then in the
+ * directory. */
+static int write_and_commit(const char *dir, uint64_t step, const void *data, size_t len) {
+  struct dcomm_ckpt_rec rec;
+  int keep = (int)dcomm__param_int(DCOMM_P_CHECKPOINT_KEEP);
+  DCOMM_CHECK(dcomm__ckpt_write(dir, step, dcomm__w.generation, data, len, &rec));
+  DCOMM_CHECK(store_commit(dir, &rec));
+  return dcomm__ckpt_commit(dir, &rec, keep < 1 ? 1 : keep);
+}
+
 int dcomm_checkpoint_save(const char *dir, uint64_t step, const void *data, size_t len) {
   if (!dir || !*dir) return dcomm__err(DCOMM_EINVAL, "dcomm_checkpoint_save: no directory");
   DCOMM_CHECK(dcomm_barrier(NULL));
   int32_t rc = 0;
   char detail[512] = "";
   if (dcomm_rank() == 0) {
-    int keep = (int)dcomm__param_int(DCOMM_P_CHECKPOINT_KEEP);
-    rc = dcomm__ckpt_write(dir, step, dcomm__w.generation, data, len, keep < 1 ? 1 : keep);
+    rc = write_and_commit(dir, step, data, len);
     if (rc < 0) snprintf(detail, sizeof(detail), "%s", dcomm_last_error());
   }
   /* The broadcast of the outcome is the second barrier: nobody goes on
@@ -75,7 +147,9 @@ int dcomm_checkpoint_load(const char *dir, void **data, size_t *len, uint64_t *s
   if (dcomm_rank() == 0) {
     struct dcomm_ckpt_info info;
     size_t l = 0;
-    int rc = dcomm__ckpt_read_latest(dir, &buf, &l, &info);
+    struct dcomm_ckpt_rec rec;
+    int have = store_record(dir, &rec);
+    int rc = dcomm__ckpt_read_committed(dir, have ? &rec : NULL, &buf, &l, &info);
     head.rc = rc;
     if (rc == 0) {
       head.step = (int64_t)info.step;

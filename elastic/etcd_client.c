@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "store.h"
 
 #ifdef DCOMM_HAVE_ETCD
 
@@ -968,16 +969,8 @@ static int txn_ops_if_mod(struct dcomm_etcd *c, const char *what, const char *ke
   return rc;
 }
 
-int dcomm__etcd_puts_if(struct dcomm_etcd *c, const char *key, int64_t mod_revision, const struct dcomm_etcd_put *puts,
-                        size_t n, int *done) {
-  const char *what = "txn puts-if";
-  if (done) *done = 0;
-  DCOMM_CHECK(check_key(c, key, what));
-  if (!puts || n == 0) return dcomm__err(DCOMM_EINVAL, "etcd %s: no puts", what);
-  for (size_t i = 0; i < n; i++) {
-    DCOMM_CHECK(check_key(c, puts[i].key, what));
-    if (puts[i].len && !puts[i].val) return dcomm__err(DCOMM_EINVAL, "etcd %s: NULL value", what);
-  }
+/* The request_put objects of puts, as an array (NULL: building failed). */
+static json_t *put_ops(const struct dcomm_etcd_put *puts, size_t n) {
   json_t *ops = json_array();
   for (size_t i = 0; i < n && ops; i++) {
     json_t *po = put_obj(puts[i].key, puts[i].val, puts[i].len, puts[i].lease);
@@ -986,7 +979,79 @@ int dcomm__etcd_puts_if(struct dcomm_etcd *c, const char *key, int64_t mod_revis
       ops = NULL;
     }
   }
-  return txn_ops_if_mod(c, what, key, mod_revision, ops, done);
+  return ops;
+}
+
+static int check_puts(struct dcomm_etcd *c, const struct dcomm_etcd_put *puts, size_t n, const char *what) {
+  if (!puts || n == 0) return dcomm__err(DCOMM_EINVAL, "etcd %s: no puts", what);
+  for (size_t i = 0; i < n; i++) {
+    DCOMM_CHECK(check_key(c, puts[i].key, what));
+    if (puts[i].len && !puts[i].val) return dcomm__err(DCOMM_EINVAL, "etcd %s: NULL value", what);
+  }
+  return 0;
+}
+
+int dcomm__etcd_puts_if(struct dcomm_etcd *c, const char *key, int64_t mod_revision, const struct dcomm_etcd_put *puts,
+                        size_t n, int *done) {
+  const char *what = "txn puts-if";
+  if (done) *done = 0;
+  DCOMM_CHECK(check_key(c, key, what));
+  DCOMM_CHECK(check_puts(c, puts, n, what));
+  return txn_ops_if_mod(c, what, key, mod_revision, put_ops(puts, n), done);
+}
+
+/* One compare object of dcomm__etcd_txn. */
+static json_t *cmp_obj(const struct dcomm_etcd_cmp *m) {
+  json_t *o;
+  if (m->kind == DCOMM_STORE_EQUAL) {
+    o = json_pack("{s:s, s:s}", "target", "VALUE", "result", "EQUAL");
+    if (o && jset_b64(o, "value", m->val, m->len)) {
+      json_decref(o);
+      o = NULL;
+    }
+  } else {
+    o = cmp_i64("CREATE", "create_revision", 0);
+    if (o && m->kind == DCOMM_STORE_EXISTS && json_object_set_new(o, "result", json_string("GREATER"))) {
+      json_decref(o);
+      o = NULL;
+    }
+  }
+  if (o && jset_b64(o, "key", m->key, strlen(m->key))) {
+    json_decref(o);
+    o = NULL;
+  }
+  return o;
+}
+
+int dcomm__etcd_txn(struct dcomm_etcd *c, const struct dcomm_etcd_cmp *cmps, size_t ncmp,
+                    const struct dcomm_etcd_put *puts, size_t nput, int *done) {
+  const char *what = "txn";
+  if (done) *done = 0;
+  DCOMM_CHECK(check_puts(c, puts, nput, what));
+  for (size_t i = 0; i < ncmp; i++) {
+    DCOMM_CHECK(check_key(c, cmps[i].key, what));
+    if (cmps[i].kind < DCOMM_STORE_ABSENT || cmps[i].kind > DCOMM_STORE_EQUAL || (cmps[i].len && !cmps[i].val))
+      return dcomm__err(DCOMM_EINVAL, "etcd %s: compare %zu is malformed", what, i);
+  }
+  json_t *cl = json_array(), *ops = put_ops(puts, nput), *req = NULL;
+  for (size_t i = 0; i < ncmp && cl; i++)
+    if (json_array_append_new(cl, cmp_obj(&cmps[i])) != 0) {
+      json_decref(cl);
+      cl = NULL;
+    }
+  if (cl && ops) {
+    req = json_pack("{s:o, s:o}", "compare", cl, "success", ops);
+    cl = ops = NULL; /* json_pack's "o" took them, even on failure */
+  }
+  json_decref(cl);
+  json_decref(ops);
+  json_t *resp;
+  DCOMM_CHECK(call(c, what, "/v3/kv/txn", req, -1, 0, &resp));
+  int ok = 0;
+  int rc = j_bool(resp, "succeeded", &ok, what);
+  json_decref(resp);
+  if (rc == 0 && done) *done = ok;
+  return rc;
 }
 
 int dcomm__etcd_delete_prefix_if(struct dcomm_etcd *c, const char *prefix, const char *key, int64_t mod_revision,
@@ -1503,6 +1568,11 @@ int dcomm__etcd_cas(struct dcomm_etcd *c, const char *key, int64_t mod_revision,
 int dcomm__etcd_puts_if(struct dcomm_etcd *c, const char *key, int64_t mod_revision, const struct dcomm_etcd_put *puts,
                         size_t n, int *done) {
   (void)c, (void)key, (void)mod_revision, (void)puts, (void)n, (void)done;
+  return NOTSUP();
+}
+int dcomm__etcd_txn(struct dcomm_etcd *c, const struct dcomm_etcd_cmp *cmps, size_t ncmp,
+                    const struct dcomm_etcd_put *puts, size_t nput, int *done) {
+  (void)c, (void)cmps, (void)ncmp, (void)puts, (void)nput, (void)done;
   return NOTSUP();
 }
 int dcomm__etcd_delete_prefix_if(struct dcomm_etcd *c, const char *prefix, const char *key, int64_t mod_revision,

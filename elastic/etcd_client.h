@@ -98,6 +98,18 @@ struct dcomm_etcd_put {
 };
 int dcomm__etcd_puts_if(struct dcomm_etcd *c, const char *key, int64_t mod_revision, const struct dcomm_etcd_put *puts,
                         size_t n, int *done);
+/* Writes every put (one transaction) only if every compare holds; kind is
+ * an enum dcomm_store_cmp_kind (store.h): ABSENT (create_revision == 0),
+ * EXISTS (create_revision > 0; a key under a lease exists only while the
+ * lease does) or EQUAL (value). *done says whether it wrote. */
+struct dcomm_etcd_cmp {
+  const char *key;
+  int kind;
+  const void *val;
+  size_t len;
+};
+int dcomm__etcd_txn(struct dcomm_etcd *c, const struct dcomm_etcd_cmp *cmps, size_t ncmp,
+                    const struct dcomm_etcd_put *puts, size_t nput, int *done);
 /* Deletes every key starting with prefix only if key's mod_revision
  * equals mod_revision (0: key absent). */
 int dcomm__etcd_delete_prefix_if(struct dcomm_etcd *c, const char *prefix, const char *key, int64_t mod_revision,

@@ -11,8 +11,24 @@
  * the same with only joiners, and stays open DCOMM_ELASTIC_SETTLE longer
  * for more nodes, up to the maximum.
  *
+ * Fencing: at most one world per generation, and only a successor of the
+ * job's current one. The plan, elastic/gen and elastic/first are written in
+ * one guarded txn: elastic/gen must still hold the generation the leader
+ * read (absent for a job's first world), that generation must be revoked
+ * (elastic/revoke/<g>: it is over), the plan must not exist, and the
+ * leader's node record must still exist (with etcd it lives under the
+ * node's lease). Ticket records are guarded by the node record too. A
+ * process that was frozen or cut off while the job went on therefore fails
+ * every write that would let it form a world; once it has missed a
+ * generation it comes back only as a joiner (old rank -1), and a ticket of
+ * a node whose record is gone never counts. Without launchers (settle
+ * window), a round also needs a majority of the previous generation's
+ * members (or DCOMM_ELASTIC_MIN_WORLD of them, when set), so the two halves
+ * of a partition cannot both go on.
+ *
  * Keys (no prefix): elastic/gen, elastic/revoke/<g>, elastic/join/<g>/n,
- * elastic/join/<g>/m/<ticket> ("member-id old-rank slot local-rank pid"),
+ * elastic/join/<g>/m/<ticket> ("member-id old-rank slot local-rank pid
+ * old-generation old-size"; old rank, generation and size -1 for a joiner),
  * elastic/plan/<g>; written by the launchers (dcomm-run, one per node):
  * rdzv/agents/n (slots taken), rdzv/agent/<slot> ("live nproc host pid
  * pids=P,...": its workers not reaped yet; gone with the node: an etcd
@@ -45,7 +61,18 @@ struct joiner {
   int old_rank;
   int slot, local_rank; /* its launcher's node slot (0: none) and local rank */
   long pid;             /* its process id (0: not given) */
+  long old_gen;         /* the generation it was a member of (-1: joiner) */
+  int old_size;         /* that generation's size (-1: joiner) */
   long ticket;
+};
+
+/* The job's current generation as read (elastic/gen): its raw bytes, for a
+ * guard that it has not moved since. */
+struct gen_seen {
+  int present;
+  long gen;
+  char raw[32];
+  size_t len;
 };
 
 static int cmp_joiner(const void *a, const void *b) {
@@ -119,10 +146,13 @@ static void read_launchers(struct dcomm_store *s, struct launchers *l) {
 
 /* Whether the holder of a ticket (node slot, pid) still runs, as its
  * launcher's record (read by read_launchers) says: 0 only when the record
- * lists its live workers' pids and this one is not among them; 1 otherwise
- * (no launcher, a record without a list, or a node that is gone, which is
- * judged apart). */
+ * lists its live workers' pids and this one is not among them, or when the
+ * node's record is gone; 1 otherwise (no launcher, a record without a
+ * list). */
 static int holder_alive(const struct launchers *l, int slot, long pid) {
+  /* A node whose record is gone is out of the job (its lease ended; its
+   * agent fenced itself): none of its members counts, survivor or not. */
+  if (l->nodes > 0 && slot > 0 && slot < DCOMM_MAX_SLOTS && !l->live_slot[slot]) return 0;
   if (slot <= 0 || slot >= DCOMM_MAX_SLOTS || pid <= 0 || !l->pids[slot]) return 1;
   for (const char *p = l->pids[slot]; *p && *p != ' ';) {
     char *end;
@@ -144,7 +174,11 @@ static int read_ticket(struct dcomm_store *s, long gen, int64_t t, double wait, 
   if (len < sizeof(buf)) memcpy(buf, val, len);
   free(val);
   memset(j, 0, sizeof(*j));
-  if (sscanf(buf, "%39s %d %d %d %ld", j->id, &j->old_rank, &j->slot, &j->local_rank, &j->pid) < 2) return 0;
+  j->old_gen = -1;
+  j->old_size = -1;
+  if (sscanf(buf, "%39s %d %d %d %ld %ld %d", j->id, &j->old_rank, &j->slot, &j->local_rank, &j->pid, &j->old_gen,
+             &j->old_size) < 2)
+    return 0;
   j->ticket = (long)t;
   return 1;
 }
@@ -179,6 +213,69 @@ static int admit_nodes(struct joiner *js, int k, int max_nodes, long gen) {
   return out;
 }
 
+static void read_gen(struct dcomm_store *s, struct gen_seen *g) {
+  void *val = NULL;
+  size_t len = 0;
+  memset(g, 0, sizeof(*g));
+  g->gen = -1;
+  if (dcomm__store_get(s, "elastic/gen", 0.001, &val, &len) == 0 && len < sizeof(g->raw)) {
+    memcpy(g->raw, val, len);
+    g->len = len;
+    g->present = 1;
+    char txt[sizeof(g->raw) + 1];
+    memcpy(txt, val, len);
+    txt[len] = 0;
+    g->gen = strtol(txt, NULL, 10);
+  }
+  free(val);
+}
+
+static int key_exists(struct dcomm_store *s, const char *key) {
+  void *val = NULL;
+  size_t len = 0;
+  int found = dcomm__store_get(s, key, 0.001, &val, &len) == 0;
+  free(val);
+  return found;
+}
+
+/* The compare that this member's node is still in the job: its launcher's
+ * record exists (under the node's lease with etcd). 0: no launcher slot. */
+static int node_guard(char *key, size_t n, struct dcomm_store_cmp *cmp) {
+  long slot = dcomm__param_int(DCOMM_P_AGENT_SLOT);
+  if (slot <= 0) return 0;
+  snprintf(key, n, "rdzv/agent/%ld", slot);
+  *cmp = (struct dcomm_store_cmp){key, DCOMM_STORE_EXISTS, NULL, 0};
+  return 1;
+}
+
+/* DCOMM_ENOTMEMBER when this member's node is out of the job. */
+static int check_not_fenced(struct dcomm_store *s) {
+  char key[64];
+  struct dcomm_store_cmp cmp;
+  if (!node_guard(key, sizeof(key), &cmp) || get_long(s, "rdzv/agents/n", 0) <= 0 || key_exists(s, key)) return 0;
+  return dcomm__err(DCOMM_ENOTMEMBER, "fenced: this member's node (slot %ld) is no longer in the job (its record %s "
+                    "is gone: the node's lease ended while it was cut off or frozen)",
+                    (long)dcomm__param_int(DCOMM_P_AGENT_SLOT), key);
+}
+
+/* Without launchers: whether the tickets hold enough members of the
+ * generation before (L): more than half of it, or DCOMM_ELASTIC_MIN_WORLD
+ * when that is set. Two halves of a partition cannot both have it. */
+static int quorum_reached(struct dcomm_store *s, long gen, int64_t n, const struct gen_seen *L, int *have, int *of) {
+  *have = 0;
+  *of = 0;
+  if (!L->present) return 1; /* the first world: nothing to split */
+  for (int64_t t = 1; t <= n; t++) {
+    struct joiner j;
+    if (!read_ticket(s, gen, t, 0.001, &j) || j.old_rank < 0 || j.old_gen != L->gen) continue;
+    (*have)++;
+    if (j.old_size > *of) *of = j.old_size;
+  }
+  if (*of <= 0) return 1; /* only joiners (or old tickets without sizes): nothing to compare with */
+  long min = dcomm__param_int(DCOMM_P_ELASTIC_MIN_WORLD);
+  return min > 0 ? *have >= min : 2 * *have > *of;
+}
+
 /* A leader that gives up on its round publishes an empty plan ("0"): the
  * members waiting for it, and those that come later, move on to the next
  * round at once instead of waiting out the timeout there, and know that no
@@ -206,13 +303,35 @@ static int lead_round_with(struct dcomm_store *s, long gen, struct launchers *l)
   double settle = dcomm__param_double(DCOMM_P_ELASTIC_SETTLE);
   double until = dcomm__now() + settle;
   double hard = dcomm__now() + s->timeout;
-  int first = get_long(s, "elastic/gen", -1) < 0; /* the job's first world */
-  double full_since = 0;                          /* first round: min nodes, all joined */
+  struct gen_seen L;
+  read_gen(s, &L);
+  int first = !L.present; /* the job's first world */
+  double full_since = 0;  /* first round: min nodes, all joined */
   int64_t n = 0;
+  int warned = 0;
+  char rkey[64];
   for (;;) {
     DCOMM_CHECK(dcomm__store_add(s, key, 0, &n));
     if (get_long(s, "elastic/done", 0) > 0)
       return dcomm__err(DCOMM_ENOTMEMBER, "the job finished before this member was admitted");
+    read_gen(s, &L);
+    first = !L.present;
+    if (L.present && L.gen >= gen) return 2; /* a later round formed a world: this one is superseded */
+    /* The current generation must be over before its successor forms: a
+     * member that missed a generation (cut off, frozen) waits here as a
+     * joiner until the world it missed revokes itself or takes it in. */
+    snprintf(rkey, sizeof(rkey), "elastic/revoke/%ld", L.gen);
+    if (!first && !key_exists(s, rkey)) {
+      if (dcomm__now() >= hard) {
+        DCOMM_LOG(WARN, ELASTIC, "round %ld: generation %ld is still running; this round waits for it to end", gen,
+                  L.gen);
+        abandon_round(s, gen);
+        return 1;
+      }
+      until = dcomm__now() + settle;
+      usleep(20000);
+      continue;
+    }
     read_launchers(s, l);
     if (l->nodes > 0) {
       /* Enough tickets: do their holders still run? */
@@ -222,7 +341,12 @@ static int lead_round_with(struct dcomm_store *s, long gen, struct launchers *l)
       if (!ready) full_since = 0;
       if (ready && dcomm__now() - full_since >= settle) break;
     } else if (dcomm__now() >= until) {
-      break;
+      int have = 0, of = 0;
+      if (quorum_reached(s, gen, n, &L, &have, &of)) break;
+      if (!warned++)
+        DCOMM_LOG(WARN, ELASTIC, "round %ld: %d of the %d members of generation %ld joined; the round waits for more than "
+                  "half of them (DCOMM_ELASTIC_MIN_WORLD lowers that), so that two halves of a partition cannot both "
+                  "go on", gen, have, of, L.gen);
     }
     if (dcomm__now() >= hard) {
       if (l->nodes > 0 && l->nodes < l->min_nodes)
@@ -236,6 +360,7 @@ static int lead_round_with(struct dcomm_store *s, long gen, struct launchers *l)
     }
     usleep(5000);
   }
+  if (n < 1) n = 1; /* the leader holds ticket 1 */
   struct joiner *js = calloc((size_t)n, sizeof(*js));
   if (!js) return dcomm__err(DCOMM_ENOMEM, "out of memory");
   int k = 0;
@@ -269,18 +394,32 @@ static int lead_round_with(struct dcomm_store *s, long gen, struct launchers *l)
   size_t off = (size_t)snprintf(plan, cap, "%d\n", k);
   for (int i = 0; i < k; i++) off += (size_t)snprintf(plan + off, cap - off, "%s\n", js[i].id);
   free(js);
-  void *cur = NULL;
-  size_t clen = 0;
-  char g[32];
+  char g[32], nkey[64];
   int gl = snprintf(g, sizeof(g), "%ld", gen);
-  /* Before the plan: a member reads it as soon as it has its rank. */
-  int rc = first ? dcomm__store_set(s, "elastic/first", g, (size_t)gl + 1) : 0;
   snprintf(key, sizeof(key), "elastic/plan/%ld", gen);
-  if (rc == 0) rc = dcomm__store_compare_set(s, key, NULL, 0, plan, off + 1, &cur, &clen);
-  free(cur);
+  /* One guarded write: the generation the round follows is still the
+   * current one and is over, the plan is new, this node is in the job. */
+  struct dcomm_store_cmp cmps[4];
+  int nc = 0;
+  if (first) cmps[nc++] = (struct dcomm_store_cmp){"elastic/gen", DCOMM_STORE_ABSENT, NULL, 0};
+  else {
+    cmps[nc++] = (struct dcomm_store_cmp){"elastic/gen", DCOMM_STORE_EQUAL, L.raw, L.len};
+    cmps[nc++] = (struct dcomm_store_cmp){rkey, DCOMM_STORE_EXISTS, NULL, 0};
+  }
+  cmps[nc++] = (struct dcomm_store_cmp){key, DCOMM_STORE_ABSENT, NULL, 0};
+  nc += node_guard(nkey, sizeof(nkey), &cmps[nc]);
+  struct dcomm_store_put puts[3] = {{key, plan, off + 1}, {"elastic/gen", g, (size_t)gl + 1}, {"elastic/first", g, (size_t)gl + 1}};
+  int done = 0;
+  int rc = dcomm__store_txn(s, cmps, nc, puts, first ? 3 : 2, &done);
   free(plan);
   if (rc < 0) return rc;
-  return dcomm__store_set(s, "elastic/gen", g, (size_t)gl + 1);
+  if (!done) {
+    DCOMM_CHECK(check_not_fenced(s));
+    DCOMM_LOG(WARN, ELASTIC, "round %ld: the job moved on while the round was led (elastic/gen no longer %ld): "
+              "this plan is void", gen, L.gen);
+    return key_exists(s, key) ? 0 : 2;
+  }
+  return 0;
 }
 
 static int lead_round(struct dcomm_store *s, long gen) {
@@ -358,18 +497,26 @@ static int wait_plan(struct dcomm_store *s, long gen, void **val, size_t *len) {
 /* Registers for round gen and waits for its plan. *rank = -1: not in it;
  * else the plan's member ids in rank order go to *ids (*size entries,
  * the caller frees them). */
-static int join_round(struct dcomm_world *w, long gen, int old_rank, int *rank, int *size, char (**ids)[40]) {
+static int join_round(struct dcomm_world *w, long gen, int old_rank, long old_gen, int old_size, int *rank,
+                      int *size, char (**ids)[40]) {
   struct dcomm_store *s = w->store;
-  char key[128], me[160];
+  char key[128], me[200], nkey[64];
   int64_t ticket = 0;
+  DCOMM_CHECK(check_not_fenced(s));
   snprintf(key, sizeof(key), "elastic/join/%ld/n", gen);
   long die = dcomm__param_int(DCOMM_P_ELASTIC_TEST_DIE_AFTER_TICKET);
   if (die >= 0 && old_rank == die) usleep(300000); /* test hook: not the leader */
   DCOMM_CHECK(dcomm__store_add(s, key, 1, &ticket));
-  int ml = snprintf(me, sizeof(me), "%s %d %ld %d %ld", w->member_id, old_rank,
-                    (long)dcomm__param_int(DCOMM_P_AGENT_SLOT), w->local_rank, (long)getpid());
+  int ml = snprintf(me, sizeof(me), "%s %d %ld %d %ld %ld %d", w->member_id, old_rank,
+                    (long)dcomm__param_int(DCOMM_P_AGENT_SLOT), w->local_rank, (long)getpid(), old_gen, old_size);
   snprintf(key, sizeof(key), "elastic/join/%ld/m/%lld", gen, (long long)ticket);
-  DCOMM_CHECK(dcomm__store_set(s, key, me, (size_t)ml + 1));
+  struct dcomm_store_cmp guard;
+  int ng = node_guard(nkey, sizeof(nkey), &guard);
+  struct dcomm_store_put put = {key, me, (size_t)ml + 1};
+  int done = 0;
+  DCOMM_CHECK(dcomm__store_txn(s, &guard, ng, &put, 1, &done));
+  if (!done) return check_not_fenced(s) < 0 ? DCOMM_ENOTMEMBER : dcomm__err(DCOMM_ENOTMEMBER, "fenced: this member's "
+                                                                           "node left the job while it registered");
   if (die >= 0 && old_rank == die) {
     DCOMM_LOG(WARN, ELASTIC, "DCOMM_ELASTIC_TEST_DIE_AFTER_TICKET=%ld: dying after taking ticket %lld", die,
               (long long)ticket);
@@ -379,7 +526,8 @@ static int join_round(struct dcomm_world *w, long gen, int old_rank, int *rank, 
     DCOMM_LOG(INFO, ELASTIC, "leading round %ld", gen);
     int lr = lead_round(s, gen);
     if (lr < 0) return lr;
-    if (lr == 1) { /* abandoned: on to the next round */
+    if (lr == 2) abandon_round(s, gen); /* superseded: nobody waits for a plan that cannot come */
+    if (lr == 1 || lr == 2) { /* abandoned: on to the next round */
       *rank = -1;
       *size = 0;
       return 0;
@@ -425,13 +573,20 @@ static int join_round(struct dcomm_world *w, long gen, int old_rank, int *rank, 
  * ids go to *plan (w->size entries, the caller frees them) if not NULL.
  * *missed (if not NULL) says whether a generation was formed without this
  * member on the way (rounds abandoned or whose leader died do not count). */
-static int join_from(struct dcomm_world *w, long gen, int old_rank, char (**plan)[40], int *missed) {
+static int join_from(struct dcomm_world *w, long gen, int old_rank, int old_size, char (**plan)[40], int *missed) {
   int rank, size, empty = 0;
+  long old_gen = old_rank >= 0 ? gen - 1 : -1;
   if (missed) *missed = 0;
   for (int tries = 0; tries < 64; tries++, gen++) {
     char(*ids)[40] = NULL;
-    DCOMM_CHECK(join_round(w, gen, old_rank, &rank, &size, &ids));
-    if (rank < 0 && size > 0 && missed) *missed = 1;
+    DCOMM_CHECK(join_round(w, gen, old_rank, old_gen, old_rank >= 0 ? old_size : -1, &rank, &size, &ids));
+    if (rank < 0 && size > 0) {
+      /* A generation formed without this member: it is no longer one of
+       * the survivors of old_gen, and may only come back as a joiner. */
+      if (missed) *missed = 1;
+      old_rank = -1;
+      old_gen = -1;
+    }
     /* Rounds that formed nothing in a row: someone never comes. */
     empty = rank < 0 && size == 0 ? empty + 1 : 0;
     if (empty >= MAX_EMPTY_ROUNDS)
@@ -459,7 +614,7 @@ int dcomm__elastic_join(struct dcomm_world *w) {
   DCOMM_CHECK(dcomm__store_set_prefix(w->store, ""));
   long gen = get_long(w->store, "elastic/gen", 0);
   DCOMM_LOG(INFO, ELASTIC, "joining the job after generation %ld", gen);
-  DCOMM_CHECK(join_from(w, gen + 1, -1, NULL, NULL));
+  DCOMM_CHECK(join_from(w, gen + 1, -1, -1, NULL, NULL));
   /* The job's first world: generation 0 from the launch ranks, or the
    * first round of a rendezvous (elastic/first). */
   w->joiner = w->generation > get_long(w->store, "elastic/first", 0);
@@ -500,7 +655,7 @@ int dcomm_elastic_recover(void) {
   w->members = NULL;
   char(*plan)[40] = NULL;
   int missed = 0;
-  int rc = join_from(w, gen + 1, old_rank, &plan, &missed);
+  int rc = join_from(w, gen + 1, old_rank, old_size, &plan, &missed);
   /* A member left out of a plan missed a generation: the others rebuilt
    * their groups without it, so it comes back like a joiner, with none.
    * Rounds that formed nothing (abandoned, leader gone) do not count. */

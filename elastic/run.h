@@ -115,6 +115,12 @@ int run_rdzv_lost(struct run_rdzv *r, char *why, size_t n);
 /* 1 while etcd answers the lease renewals: only then can a missing worker
  * heartbeat be told from a missing etcd. */
 int run_rdzv_healthy(struct run_rdzv *r);
+/* Seconds after its last answered renewal at which an agent fences itself
+ * (kills its workers, leaves the job): the TTL less max(TTL/4, 0.5 s). */
+double run_rdzv_fence_after(double ttl);
+/* Fences now if that time has passed; 1 when this node is out of the job.
+ * Called by the keepalive thread and every tick of the main loop. */
+int run_rdzv_check_fence(struct run_rdzv *r);
 /* Stops the threads; clean: marks the node as left (not failed); revokes
  * the lease. NULL is fine. */
 void run_rdzv_close(struct run_rdzv *r, int clean);

@@ -15,14 +15,23 @@
  *     workers abort at once instead of waiting for a socket timeout.
  * The rounds themselves (who is in the next world) are elastic/recovery.c,
  * run by the workers over the etcd store; they read the records.
- * When its own lease is lost the agent is out of the job: run_rdzv_lost
- * says so and dcomm-run stops its workers.
+ * Self-fencing: the agent measures on CLOCK_MONOTONIC the time since it
+ * sent its last renewal that etcd answered. Once that passes the TTL less
+ * a margin (run_rdzv_fence_after), before the lease can expire on the
+ * server (whose clock started later, when it received that renewal), the
+ * agent SIGKILLs its workers itself (keepalive thread or the main loop,
+ * whichever looks first; a frozen agent looks first thing after SIGCONT)
+ * and is out of the job: run_rdzv_lost says so and dcomm-run exits 1. By
+ * the time the other nodes see this node's record gone, its workers are
+ * dead; what they wrote while frozen is refused by the guarded writes of
+ * recovery.c and elastic_run.c.
  */
 #include "config.h"
 #include "run.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +62,9 @@ struct run_rdzv {
   pthread_mutex_t lock;
   int lost;
   char lost_why[256];
+  pid_t *pids;   /* the workers to kill when fencing (under lock) */
+  size_t npids;
+  int64_t last_ok_ns; /* CLOCK_MONOTONIC when the last answered renewal was sent */
   char host[128];
 };
 
@@ -61,13 +73,36 @@ static void sleep_s(double s) {
   nanosleep(&ts, NULL);
 }
 
+/* Out of the job: its workers are killed at once (they are this process's
+ * children, not reaped yet, so their pids cannot have been reused). */
 static void set_lost(struct run_rdzv *r, const char *why) {
   pthread_mutex_lock(&r->lock);
   if (!r->lost) {
     r->lost = 1;
     snprintf(r->lost_why, sizeof(r->lost_why), "%s", why);
+    for (size_t i = 0; i < r->npids; i++) kill(r->pids[i], SIGKILL);
+    run_log("fenced: %s; killed %zu worker%s", why, r->npids, r->npids == 1 ? "" : "s");
   }
   pthread_mutex_unlock(&r->lock);
+}
+
+static int64_t mono_ns(void) { return (int64_t)(dcomm__now() * 1e9); }
+
+double run_rdzv_fence_after(double ttl) {
+  double margin = ttl / 4.0;
+  if (margin < 0.5) margin = 0.5;
+  return ttl - margin;
+}
+
+int run_rdzv_check_fence(struct run_rdzv *r) {
+  double since = (double)(mono_ns() - __atomic_load_n(&r->last_ok_ns, __ATOMIC_ACQUIRE)) / 1e9;
+  if (!run_rdzv_lost(r, NULL, 0) && since > run_rdzv_fence_after((double)r->ttl)) {
+    char why[256];
+    snprintf(why, sizeof(why), "etcd has not renewed its lease for %.1f s (TTL %lld s; an agent fences itself at "
+             "%.2f s, before the lease can expire)", since, (long long)r->ttl, run_rdzv_fence_after((double)r->ttl));
+    set_lost(r, why);
+  }
+  return run_rdzv_lost(r, NULL, 0);
 }
 
 static void key_of(const struct run_rdzv *r, char *buf, size_t n, const char *fmt, long arg) {
@@ -82,28 +117,28 @@ static void agents_prefix(const struct run_rdzv *r, char *buf, size_t n) { snpri
 
 /* ---- the lease ---- */
 
+/* Renews every sixth of the TTL, so that a renewal or two may be lost to a
+ * short network blip without fencing. */
 static void *keepalive_main(void *arg) {
   struct run_rdzv *r = arg;
-  double period = (double)r->ttl / 3.0, last_ok = dcomm__now();
-  if (period < 0.3) period = 0.3;
+  double period = (double)r->ttl / 6.0;
+  if (period < 0.2) period = 0.2;
   while (!__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE)) {
     double next = dcomm__now() + period;
-    while (dcomm__now() < next && !__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE)) sleep_s(0.05);
+    while (dcomm__now() < next && !__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE))
+      if (run_rdzv_check_fence(r)) return NULL;
+      else sleep_s(0.05);
     if (__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE)) break;
-    int64_t left = 0;
+    int64_t left = 0, sent = mono_ns();
     int rc = dcomm__etcd_lease_keepalive(r->lc, r->lease, &left);
     __atomic_store_n(&r->healthy, rc == 0 && left > 0, __ATOMIC_RELEASE);
     if (rc == 0 && left > 0) {
-      last_ok = dcomm__now();
+      __atomic_store_n(&r->last_ok_ns, sent, __ATOMIC_RELEASE);
     } else if (rc == DCOMM_ENOTFOUND || (rc == 0 && left <= 0)) {
       set_lost(r, "its etcd lease expired (the other nodes have gone on without this one)");
       break;
-    } else if (dcomm__now() - last_ok > (double)r->ttl) {
-      char why[256];
-      snprintf(why, sizeof(why), "etcd did not renew its lease for %lld s: %s", (long long)r->ttl, dcomm_last_error());
-      set_lost(r, why);
-      break;
     }
+    if (run_rdzv_check_fence(r)) break;
   }
   return NULL;
 }
@@ -275,8 +310,35 @@ static int agree(struct run_rdzv *r, const char *what, const char *key, const ch
   return 0;
 }
 
+/* Keeps the pids of " pids=P1,P2,..." for fencing. */
+static void keep_pids(struct run_rdzv *r, const char *text) {
+  const char *p = strstr(text, "pids=");
+  size_t cap = 0, n = 0;
+  pid_t *v = NULL;
+  for (p = p ? p + 5 : ""; *p;) {
+    char *end;
+    long x = strtol(p, &end, 10);
+    if (end == p) break;
+    if (x > 0) {
+      if (n == cap) {
+        pid_t *nv = realloc(v, (cap = cap ? 2 * cap : 16) * sizeof(*v));
+        if (!nv) break;
+        v = nv;
+      }
+      v[n++] = (pid_t)x;
+    }
+    p = *end == ',' ? end + 1 : end;
+  }
+  pthread_mutex_lock(&r->lock);
+  free(r->pids);
+  r->pids = v;
+  r->npids = n;
+  pthread_mutex_unlock(&r->lock);
+}
+
 int run_rdzv_update(struct run_rdzv *r, int live, const char *pids) {
   char key[400], val[256 + RUN_PIDS_TEXT];
+  keep_pids(r, pids);
   key_of(r, key, sizeof(key), AGENT_KEYS "%ld", r->slot);
   int n = record_text(r, live, pids, val, sizeof(val));
   if (run_rdzv_lost(r, NULL, 0)) return 0;
@@ -294,13 +356,16 @@ static int do_open(struct run_rdzv *r, struct dcomm_store **st, char token[33], 
   if (ttl < 2) ttl = 2;
   /* A renewal must give up well inside the TTL, or a lost lease would be
    * noticed late; and so must the agent's own store calls. */
-  double quick = (double)ttl / 3.0;
+  double quick = (double)ttl / 6.0;
+  if (quick < 0.3) quick = 0.3;
   struct dcomm_etcd_opts lo = eo;
   lo.timeout = quick;
   DCOMM_CHECK(dcomm__etcd_create(o->endpoints, &lo, &r->lc));
   DCOMM_CHECK(clear_stale(r));
+  int64_t granted_at = mono_ns();
   DCOMM_CHECK(dcomm__etcd_lease_grant(r->kc, ttl, &r->lease, &r->ttl));
   if (r->ttl <= 0) r->ttl = ttl;
+  r->last_ok_ns = granted_at;
   r->healthy = 1;
   /* Registered first: from here on, nobody takes the job for a dead one. */
   DCOMM_CHECK(take_slot(r));
@@ -384,17 +449,21 @@ void run_rdzv_close(struct run_rdzv *r, int clean) {
     pthread_join(r->watch, NULL);
   }
   if (r->ka_running) pthread_join(r->ka, NULL);
-  if (r->kc && r->slot > 0 && clean) {
+  /* A fenced agent leaves etcd alone: its lease is gone or going, and etcd
+   * may be out of reach (the calls would wait out their timeouts). */
+  int lost = run_rdzv_lost(r, NULL, 0);
+  if (r->kc && r->slot > 0 && clean && !lost) {
     /* Leaving cleanly: the others must not take it for a failure. */
     char key[400];
     key_of(r, key, sizeof(key), "rdzv/left/%ld", r->slot);
     dcomm__etcd_put(r->kc, key, "1", 1, 0, NULL);
   }
-  if (r->kc && r->lease) dcomm__etcd_lease_revoke(r->kc, r->lease);
+  if (r->lc && r->lease && !lost) dcomm__etcd_lease_revoke(r->lc, r->lease);
   if (r->wst) dcomm__store_close(r->wst);
   dcomm__etcd_destroy(r->wc);
   dcomm__etcd_destroy(r->lc);
   dcomm__etcd_destroy(r->kc);
   pthread_mutex_destroy(&r->lock);
+  free(r->pids);
   free(r);
 }

@@ -11,6 +11,7 @@
  *                (absent = 0: create-if-absent for the first write)
  *   compare_set  one txn: expected NULL -> create-if-absent, else compare
  *                VALUE equal; the failure branch returns the current value
+ *   txn          one etcd txn: compares on create_revision / value
  *   wait         each key as get, under one deadline
  *   del          deleterange; "existed" from the deleted count
  *
@@ -238,6 +239,27 @@ static int etcd_compare_set(struct dcomm_store *s, const char *key, const void *
   return 0;
 }
 
+static int etcd_txn(struct dcomm_store *s, const struct dcomm_store_cmp *cmps, int ncmp,
+                    const struct dcomm_store_put *puts, int nput, int *done) {
+  struct etcd_store *e = (struct etcd_store *)s;
+  struct dcomm_etcd_cmp c[DCOMM_STORE_TXN_MAX];
+  struct dcomm_etcd_put p[DCOMM_STORE_TXN_MAX];
+  char *keys[2 * DCOMM_STORE_TXN_MAX] = {0};
+  int rc = 0;
+  for (int i = 0; i < ncmp && rc == 0; i++) {
+    rc = ns_key(e, cmps[i].key, &keys[i]);
+    c[i] = (struct dcomm_etcd_cmp){keys[i], cmps[i].kind, cmps[i].val, cmps[i].len};
+  }
+  for (int i = 0; i < nput && rc == 0; i++) {
+    rc = ns_key(e, puts[i].key, &keys[ncmp + i]);
+    p[i] = (struct dcomm_etcd_put){keys[ncmp + i], puts[i].val, puts[i].len, 0};
+  }
+  if (rc == 0) rc = dcomm__etcd_txn(e->c, c, (size_t)ncmp, p, (size_t)nput, done);
+  for (int i = 0; i < ncmp + nput; i++) free(keys[i]);
+  if (rc < 0) return dcomm__err_ctx(rc, "etcd store txn on '%.200s'", puts[0].key);
+  return 0;
+}
+
 static int etcd_wait(struct dcomm_store *s, const char *const *keys, int n, double timeout) {
   struct etcd_store *e = (struct etcd_store *)s;
   double deadline = dcomm__now() + timeout;
@@ -275,6 +297,7 @@ static const struct dcomm_store_ops etcd_ops = {
     .get = etcd_get,
     .add = etcd_add,
     .compare_set = etcd_compare_set,
+    .txn = etcd_txn,
     .wait = etcd_wait,
     .del = etcd_del,
     .close = etcd_close,

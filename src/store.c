@@ -129,6 +129,53 @@ int dcomm__store_wait(struct dcomm_store *s, const char *const *keys, int n, dou
   return rc;
 }
 
+int dcomm__store_txn(struct dcomm_store *s, const struct dcomm_store_cmp *cmps, int ncmp,
+                     const struct dcomm_store_put *puts, int nput, int *done) {
+  DCOMM_CHECK(check_handle(s));
+  if (!done) return dcomm__err(DCOMM_EINVAL, "store txn: NULL output argument");
+  *done = 0;
+  if (ncmp < 0 || ncmp > DCOMM_STORE_TXN_MAX || nput < 1 || nput > DCOMM_STORE_TXN_MAX || (ncmp && !cmps) || !puts)
+    return dcomm__err(DCOMM_EINVAL, "store txn: %d compares and %d puts (0..%d compares, 1..%d puts)", ncmp, nput,
+                      DCOMM_STORE_TXN_MAX, DCOMM_STORE_TXN_MAX);
+  if (!s->ops->txn) return dcomm__err(DCOMM_ENOTSUP, "store txn: the %s store has no guarded writes", s->ops->name);
+  /* One block for the prefixed keys of both lists. */
+  char(*keys)[DCOMM_STORE_PROTO_MAX_KEY + 1] = malloc((size_t)(ncmp + nput) * sizeof(*keys));
+  struct dcomm_store_cmp c[DCOMM_STORE_TXN_MAX];
+  struct dcomm_store_put p[DCOMM_STORE_TXN_MAX];
+  if (!keys) return dcomm__err(DCOMM_ENOMEM, "store txn: out of memory");
+  int rc = 0;
+  for (int i = 0; rc == 0 && i < ncmp; i++) {
+    c[i] = cmps[i];
+    if (c[i].kind < DCOMM_STORE_ABSENT || c[i].kind > DCOMM_STORE_EQUAL)
+      rc = dcomm__err(DCOMM_EINVAL, "store txn: compare %d has kind %d", i, c[i].kind);
+    else if (c[i].kind == DCOMM_STORE_EQUAL) rc = check_value(c[i].val, c[i].len, "compared value");
+    else c[i].val = NULL, c[i].len = 0;
+    if (rc == 0) rc = full_key(s, cmps[i].key, keys[i]);
+    c[i].key = keys[i];
+  }
+  for (int i = 0; rc == 0 && i < nput; i++) {
+    p[i] = puts[i];
+    rc = check_value(p[i].val, p[i].len, "value");
+    if (rc == 0) rc = full_key(s, puts[i].key, keys[ncmp + i]);
+    p[i].key = keys[ncmp + i];
+  }
+  if (rc == 0) rc = s->ops->txn(s, c, ncmp, p, nput, done);
+  free(keys);
+  return rc;
+}
+
+int dcomm__store_cmps_hold(const struct dcomm_store_cmp *cmps, int ncmp, dcomm_store_find_fn find, void *ctx) {
+  for (int i = 0; i < ncmp; i++) {
+    size_t len = 0;
+    const void *v = find(ctx, cmps[i].key, &len);
+    int ok = cmps[i].kind == DCOMM_STORE_ABSENT   ? !v
+             : cmps[i].kind == DCOMM_STORE_EXISTS ? v != NULL
+                                                  : v && len == cmps[i].len && (!len || !memcmp(v, cmps[i].val, len));
+    if (!ok) return 0;
+  }
+  return 1;
+}
+
 int dcomm__store_delete(struct dcomm_store *s, const char *key, int *existed) {
   char k[DCOMM_STORE_PROTO_MAX_KEY + 1];
   int dummy;

@@ -18,6 +18,29 @@
 
 struct dcomm_store;
 
+/* A guarded write (txn): every compare must hold, then every put happens,
+ * atomically. This is how a member proves it still holds authority (its
+ * generation is the current one, its node's record still exists) at the
+ * moment it changes shared state: a process frozen or cut off while the job
+ * went on fails the compare instead of writing. */
+#define DCOMM_STORE_TXN_MAX 8 /* compares, and puts, per txn */
+enum dcomm_store_cmp_kind {
+  DCOMM_STORE_ABSENT = 0, /* the key does not exist */
+  DCOMM_STORE_EXISTS = 1, /* the key exists, any value */
+  DCOMM_STORE_EQUAL = 2,  /* the key exists with exactly this value */
+};
+struct dcomm_store_cmp {
+  const char *key;
+  int kind;
+  const void *val; /* DCOMM_STORE_EQUAL only */
+  size_t len;
+};
+struct dcomm_store_put {
+  const char *key;
+  const void *val;
+  size_t len;
+};
+
 struct dcomm_store_ops {
   const char *name;
   int (*set)(struct dcomm_store *s, const char *key, const void *val, size_t len);
@@ -31,6 +54,10 @@ struct dcomm_store_ops {
                      size_t dlen, void **current, size_t *clen);
   /* Waits until every key exists. */
   int (*wait)(struct dcomm_store *s, const char *const *keys, int n, double timeout);
+  /* If every compare holds, writes every put; *done says whether it did.
+   * Keys are full (prefixed); at most DCOMM_STORE_TXN_MAX of each. */
+  int (*txn)(struct dcomm_store *s, const struct dcomm_store_cmp *cmps, int ncmp, const struct dcomm_store_put *puts,
+             int nput, int *done);
   /* Deletes key; *existed tells whether it was there (may be NULL). */
   int (*del)(struct dcomm_store *s, const char *key, int *existed);
   void (*close)(struct dcomm_store *s);
@@ -49,6 +76,14 @@ int dcomm__store_add(struct dcomm_store *s, const char *key, int64_t delta, int6
 int dcomm__store_compare_set(struct dcomm_store *s, const char *key, const void *expected, size_t elen,
                              const void *desired, size_t dlen, void **current, size_t *clen);
 int dcomm__store_wait(struct dcomm_store *s, const char *const *keys, int n, double timeout);
+/* Guarded write (see struct dcomm_store_cmp): keys get the prefix; *done
+ * (not NULL) is 1 when the puts happened, 0 when a compare failed. */
+int dcomm__store_txn(struct dcomm_store *s, const struct dcomm_store_cmp *cmps, int ncmp,
+                     const struct dcomm_store_put *puts, int nput, int *done);
+/* The compares of a txn, evaluated against a lookup (the server and the
+ * file store share it): 1 when all hold. find returns the value or NULL. */
+typedef const void *(*dcomm_store_find_fn)(void *ctx, const char *key, size_t *len);
+int dcomm__store_cmps_hold(const struct dcomm_store_cmp *cmps, int ncmp, dcomm_store_find_fn find, void *ctx);
 int dcomm__store_delete(struct dcomm_store *s, const char *key, int *existed);
 void dcomm__store_close(struct dcomm_store *s);
 /* Sets the prefix ("" for none); at most 255 bytes. */

@@ -330,6 +330,40 @@ out:
   return rc;
 }
 
+static int tcp_txn(struct dcomm_store *s, const struct dcomm_store_cmp *cmps, int ncmp,
+                   const struct dcomm_store_put *puts, int nput, int *done) {
+  struct tcp_store *t = (struct tcp_store *)s;
+  struct frame f;
+  unsigned char b;
+  int rc;
+  frame_init(&f);
+  pthread_mutex_lock(&t->mu);
+  if ((rc = check_usable(t)) < 0) goto out;
+  frame_u8(&f, DCOMM_STORE_CMD_TXN);
+  frame_u8(&f, (uint8_t)ncmp);
+  for (int i = 0; i < ncmp; i++) {
+    if ((rc = frame_reserve(&f, 1)) < 0) goto out;
+    frame_u8(&f, (uint8_t)cmps[i].kind);
+    if ((rc = frame_key(&f, cmps[i].key)) < 0) goto out;
+    if ((rc = frame_str(&f, cmps[i].val, cmps[i].len)) < 0) goto out;
+  }
+  if ((rc = frame_reserve(&f, 1)) < 0) goto out;
+  frame_u8(&f, (uint8_t)nput);
+  for (int i = 0; i < nput; i++) {
+    if ((rc = frame_key(&f, puts[i].key)) < 0) goto out;
+    if ((rc = frame_str(&f, puts[i].val, puts[i].len)) < 0) goto out;
+  }
+  double dl = io_deadline(t->base.timeout);
+  if ((rc = send_request(t, &f, NULL, 0, dl)) < 0) goto out;
+  if ((rc = recv_status(t, "txn", dl)) < 0) goto out;
+  if ((rc = recv_fixed(t, &b, 1, dl)) < 0) goto out;
+  *done = b != 0;
+out:
+  pthread_mutex_unlock(&t->mu);
+  frame_free(&f);
+  return rc;
+}
+
 static int tcp_del(struct dcomm_store *s, const char *key, int *existed) {
   struct tcp_store *t = (struct tcp_store *)s;
   struct frame f;
@@ -365,6 +399,7 @@ static const struct dcomm_store_ops tcp_ops = {
     .add = tcp_add,
     .compare_set = tcp_compare_set,
     .wait = tcp_wait,
+    .txn = tcp_txn,
     .del = tcp_del,
     .close = tcp_close,
 };

@@ -343,6 +343,30 @@ static int file_compare_set(struct dcomm_store *s, const char *key, const void *
   return rc;
 }
 
+static const void *map_find(void *ctx, const char *key, size_t *len) {
+  struct dcomm_kv *e = dcomm__kvmap_find(ctx, key, strlen(key));
+  if (e) *len = e->vlen;
+  return e ? e->val : NULL;
+}
+
+/* The compares and the appends happen under one exclusive lock; a process
+ * that dies between two appends of one txn leaves the first puts in place. */
+static int file_txn(struct dcomm_store *s, const struct dcomm_store_cmp *cmps, int ncmp,
+                    const struct dcomm_store_put *puts, int nput, int *done) {
+  struct file_store *fs = (struct file_store *)s;
+  pthread_mutex_lock(&fs->mu);
+  int rc = begin_write(fs);
+  if (rc == 0) {
+    if (dcomm__store_cmps_hold(cmps, ncmp, map_find, &fs->map)) {
+      for (int i = 0; i < nput && rc == 0; i++) rc = append(fs, REC_SET, puts[i].key, puts[i].val, puts[i].len);
+      *done = rc == 0;
+    }
+    unlock_file(fs);
+  }
+  pthread_mutex_unlock(&fs->mu);
+  return rc;
+}
+
 static int file_wait(struct dcomm_store *s, const char *const *keys, int n, double timeout) {
   struct file_store *fs = (struct file_store *)s;
   pthread_mutex_lock(&fs->mu);
@@ -378,6 +402,7 @@ static const struct dcomm_store_ops file_ops = {
     .get = file_get,
     .add = file_add,
     .compare_set = file_compare_set,
+    .txn = file_txn,
     .wait = file_wait,
     .del = file_del,
     .close = file_close,

@@ -17,6 +17,11 @@
  *             expected value.
  *   WAIT (5)  u64 timeout_ms, u32 nkeys, nkeys x str key
  *   DEL  (6)  str key
+ *   TXN  (7)  u8 ncmp, ncmp x (u8 kind, str key, str value), u8 nput,
+ *             nput x (str key, str value)   kind: enum dcomm_store_cmp_kind
+ *             (value empty unless EQUAL); 0..DCOMM_STORE_TXN_MAX compares,
+ *             1..DCOMM_STORE_TXN_MAX puts; the puts happen only if every
+ *             compare holds, all under one lock
  *
  * Response: i32 status, then
  *   status < 0 (a DCOMM_E* code): u8 closing, u16 msg_len, msg. closing 1
@@ -24,7 +29,7 @@
  *     was malformed, so the stream cannot be trusted any more).
  *   status 0: SET, WAIT: nothing; GET: str value; ADD: i64 result;
  *     CAS: u8 present, str current (present 0: the key is absent, current
- *     empty); DEL: u8 existed.
+ *     empty); DEL: u8 existed; TXN: u8 done.
  *
  * Bounds, checked by the server before it allocates anything: a key is
  * 1..DCOMM_STORE_PROTO_MAX_KEY bytes without NUL (the prefix plus a key of at
@@ -50,6 +55,7 @@ enum dcomm_store_cmd {
   DCOMM_STORE_CMD_CAS = 4,
   DCOMM_STORE_CMD_WAIT = 5,
   DCOMM_STORE_CMD_DEL = 6,
+  DCOMM_STORE_CMD_TXN = 7,
 };
 
 /* A key on the wire carries the handle's prefix (at most 255 bytes). */

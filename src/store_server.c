@@ -391,6 +391,84 @@ static int do_wait(struct conn *c, struct req *r, double dl) {
   return rc;
 }
 
+static const void *map_find(void *ctx, const char *key, size_t *len) {
+  struct dcomm_kv *e = dcomm__kvmap_find(ctx, key, strlen(key));
+  if (e) *len = e->vlen;
+  return e ? e->val : NULL;
+}
+
+/* A txn's lists: keys and values in one set of arrays, compares first. */
+struct txn_req {
+  int ncmp, nput;
+  unsigned char kind[DCOMM_STORE_TXN_MAX];
+  char *key[2 * DCOMM_STORE_TXN_MAX];
+  size_t klen[2 * DCOMM_STORE_TXN_MAX];
+  unsigned char *val[2 * DCOMM_STORE_TXN_MAX];
+  size_t vlen[2 * DCOMM_STORE_TXN_MAX];
+};
+
+static void txn_req_free(struct txn_req *t) {
+  for (int i = 0; i < 2 * DCOMM_STORE_TXN_MAX; i++) {
+    free(t->key[i]);
+    free(t->val[i]);
+  }
+}
+
+static int read_txn(struct conn *c, struct txn_req *t, double dl) {
+  unsigned char n;
+  DCOMM_CHECK(read_fixed(c, &n, 1, dl));
+  if (n > DCOMM_STORE_TXN_MAX) return send_error(c, DCOMM_EPROTO, 1, "txn: %u compares (at most %d)", n, DCOMM_STORE_TXN_MAX);
+  t->ncmp = n;
+  for (int i = 0; i < t->ncmp; i++) {
+    DCOMM_CHECK(read_fixed(c, &t->kind[i], 1, dl));
+    if (t->kind[i] > DCOMM_STORE_EQUAL) return send_error(c, DCOMM_EPROTO, 1, "txn: compare kind %u", t->kind[i]);
+    DCOMM_CHECK(read_key(c, &t->key[i], &t->klen[i], dl));
+    DCOMM_CHECK(read_value(c, &t->val[i], &t->vlen[i], dl));
+  }
+  DCOMM_CHECK(read_fixed(c, &n, 1, dl));
+  if (n < 1 || n > DCOMM_STORE_TXN_MAX) return send_error(c, DCOMM_EPROTO, 1, "txn: %u puts (1..%d)", n, DCOMM_STORE_TXN_MAX);
+  t->nput = n;
+  for (int i = DCOMM_STORE_TXN_MAX; i < DCOMM_STORE_TXN_MAX + t->nput; i++) {
+    DCOMM_CHECK(read_key(c, &t->key[i], &t->klen[i], dl));
+    DCOMM_CHECK(read_value(c, &t->val[i], &t->vlen[i], dl));
+  }
+  return 0;
+}
+
+static int do_txn(struct conn *c, double dl) {
+  struct dcomm_store_server *srv = c->srv;
+  struct txn_req t;
+  memset(&t, 0, sizeof(t));
+  int rc = read_txn(c, &t, dl);
+  if (rc < 0) {
+    txn_req_free(&t);
+    return rc;
+  }
+  struct dcomm_store_cmp cmps[DCOMM_STORE_TXN_MAX];
+  for (int i = 0; i < t.ncmp; i++)
+    cmps[i] = (struct dcomm_store_cmp){t.key[i], t.kind[i], t.val[i], t.vlen[i]};
+  unsigned char done = 0;
+  int nomem = 0;
+  pthread_mutex_lock(&srv->mu);
+  if (dcomm__store_cmps_hold(cmps, t.ncmp, map_find, &srv->map)) {
+    /* Copies first, so that either every put happens or none. */
+    unsigned char *copy[DCOMM_STORE_TXN_MAX] = {0};
+    for (int i = 0; i < t.nput && !nomem; i++) nomem = !(copy[i] = dup_bytes(t.val[DCOMM_STORE_TXN_MAX + i], t.vlen[DCOMM_STORE_TXN_MAX + i]));
+    for (int i = 0; i < t.nput && !nomem; i++) {
+      int k = DCOMM_STORE_TXN_MAX + i;
+      if (dcomm__kvmap_put(&srv->map, t.key[k], t.klen[k], copy[i], t.vlen[k]) < 0) nomem = 1;
+      else copy[i] = NULL;
+    }
+    for (int i = 0; i < t.nput; i++) free(copy[i]);
+    done = !nomem;
+    pthread_cond_broadcast(&srv->cv);
+  }
+  pthread_mutex_unlock(&srv->mu);
+  txn_req_free(&t);
+  if (nomem) return send_error(c, DCOMM_ENOMEM, 0, "out of memory");
+  return send_ok(c, &done, 1, NULL, 0);
+}
+
 static int do_del(struct conn *c, struct req *r, double dl) {
   struct dcomm_store_server *srv = c->srv;
   DCOMM_CHECK(read_key(c, &r->key, &r->klen, dl));
@@ -415,6 +493,7 @@ static int serve_one(struct conn *c) {
     case DCOMM_STORE_CMD_CAS: rc = do_cas(c, &r, dl); break;
     case DCOMM_STORE_CMD_WAIT: rc = do_wait(c, &r, dl); break;
     case DCOMM_STORE_CMD_DEL: rc = do_del(c, &r, dl); break;
+    case DCOMM_STORE_CMD_TXN: rc = do_txn(c, dl); break;
     default: rc = send_error(c, DCOMM_EPROTO, 1, "unknown command %u", cmd); break;
   }
   req_free(&r);
