@@ -185,8 +185,13 @@ static int parse_ckpt_name(const char *name, uint64_t *step) {
   return 1;
 }
 
-/* ".ckpt-<digits>.tmp.<digits>" exactly. */
+/* ".ckpt-<digits>.tmp.<digits>" or ".commit.tmp.<digits>" exactly. */
 static int is_tmp_name(const char *name) {
+  if (!strncmp(name, ".commit.tmp.", 12)) {
+    const char *q = name + 12;
+    while (*q >= '0' && *q <= '9') q++;
+    return q != name + 12 && *q == 0;
+  }
   if (strncmp(name, ".ckpt-", 6) != 0) return 0;
   const char *p = name + 6, *q = p;
   while (*q >= '0' && *q <= '9') q++;
@@ -596,6 +601,18 @@ static int rec_cmp(const void *a, const void *b) {
 
 #define MAX_RECS 64 /* records COMMITTED holds at most */
 
+/* Adds r to recs[0..n) (room for one more), replacing a record of the same
+ * file; returns the new count. */
+static int put_rec(struct dcomm_ckpt_rec *recs, int n, const struct dcomm_ckpt_rec *r) {
+  for (int i = 0; i < n; i++)
+    if (!strcmp(recs[i].name, r->name)) {
+      recs[i] = *r;
+      return n;
+    }
+  recs[n] = *r;
+  return n + 1;
+}
+
 /* Reads <dir>/COMMITTED into recs (at most MAX_RECS): *n records, 0 when the
  * file does not exist. Malformed lines are skipped with a warning. */
 static int read_commits(int dfd, const char *dir, struct dcomm_ckpt_rec *recs, int *n) {
@@ -671,9 +688,7 @@ int dcomm__ckpt_commit(const char *dir, const struct dcomm_ckpt_rec *rec, int ke
   int n = 0;
   int rc = read_commits(dfd, dir, recs, &n);
   if (rc == 0) {
-    int dup = 0;
-    for (int i = 0; i < n && !dup; i++) dup = !strcmp(recs[i].name, rec->name);
-    if (!dup) recs[n++] = *rec;
+    n = put_rec(recs, n, rec); /* the same step saved again replaces its record */
     qsort(recs, (size_t)n, sizeof(recs[0]), rec_cmp);
     if (n > keep) n = keep;
     rc = write_commits(dfd, dir, recs, n);
@@ -721,11 +736,7 @@ int dcomm__ckpt_read_committed(const char *dir, const struct dcomm_ckpt_rec *als
   int rc = read_commits(dfd, dir, recs, &n);
   close(dfd);
   if (rc < 0) return rc;
-  if (also) {
-    int dup = 0;
-    for (int i = 0; i < n && !dup; i++) dup = !strcmp(recs[i].name, also->name);
-    if (!dup) recs[n++] = *also;
-  }
+  if (also) n = put_rec(recs, n, also); /* the store's record is the newer word on its file */
   qsort(recs, (size_t)n, sizeof(recs[0]), rec_cmp);
   warn_uncommitted(dir, recs, n);
   if (n == 0) return dcomm__err(DCOMM_ENOTFOUND, "no checkpoint: nothing committed in %s (no %s)", dir, DCOMM_CKPT_COMMIT_FILE);

@@ -20,7 +20,7 @@
  *   off 48  payload, exactly payload_len bytes, then end of file
  * CRC32 is zlib's crc32().
  *
- * Steps are expected to grow: "newest" means the highest step.
+ * "Newest" means the highest generation, then the highest step.
  */
 #ifndef DCOMM_ELASTIC_CHECKPOINT_H
 #define DCOMM_ELASTIC_CHECKPOINT_H

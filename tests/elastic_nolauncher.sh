@@ -14,6 +14,10 @@
 #   - the leader of the recovery round is killed before it publishes the
 #     plan: the others take it for dead once its heartbeat stops changing
 #     and finish in generation 2 with a world of 2;
+#     (2 of 4 members left: DCOMM_ELASTIC_MIN_WORLD=2 lets them go on);
+#   - ranks 2 and 3 die at once: the 2 survivors are not a majority of the
+#     4, so no round closes and they fail clearly (the partition rule);
+#     with DCOMM_ELASTIC_MIN_WORLD=2 they go on with a world of 2;
 #   - rank 0 (the store host) dies: every survivor exits non-zero, naming
 #     the lost store, well before the timeout (no hang).
 # Environment: top_builddir (default .). Every process is bounded by timeout(1).
@@ -117,7 +121,7 @@ kill_leader() {
 rm -f "$T/leader"
 kill_leader &
 killer=$!
-DCOMM_LOG_LEVEL=info DCOMM_LOG_SUBSYS=elastic DCOMM_ELASTIC_SETTLE=3 \
+DCOMM_LOG_LEVEL=info DCOMM_LOG_SUBSYS=elastic DCOMM_ELASTIC_SETTLE=3 DCOMM_ELASTIC_MIN_WORLD=2 \
   run4 leader -- --kill-rank 2 --kill-at-step 13 --slow-rank 0 --slow-ms 800
 wait "$killer"
 f=$(final_line "$T/out")
@@ -132,6 +136,29 @@ elif ! grep -q 'the leader of round 1 .* is gone' "$T/err"; then
   result 1 "$name" "nobody reported the leader gone"
 else
   result 0 "$name"
+fi
+
+# The partition rule: half of the world cannot go on by itself.
+SECONDS=0
+DCOMM_TIMEOUT=3 DCOMM_ELASTIC_MAX_RECOVERIES=1 DCOMM_LOG_LEVEL=warn \
+  run4 half -- --kill-rank 2,3 --kill-at-step 13
+took=$SECONDS
+name="kill -9 of ranks 2 and 3: the 2 survivors are half of 4, not a majority: no world forms, both fail"
+if [ "$(rc_of 0)" = 0 ] || [ "$(rc_of 1)" = 0 ] || [ "$(rc_of 0)" = 124 ] || grep -q 'final step=' "$T/out"; then
+  result 1 "$name" "exit $(rc_of 0) $(rc_of 1) after $took s; $(final_line "$T/out")"
+elif ! grep -q 'waits for more than half of them' "$T/err"; then
+  result 1 "$name" "no 'waits for more than half' warning"
+else
+  result 0 "$name (in $took s)"
+fi
+DCOMM_ELASTIC_MIN_WORLD=2 run4 half-min -- --kill-rank 2,3 --kill-at-step 13
+f=$(final_line "$T/out")
+name="the same with DCOMM_ELASTIC_MIN_WORLD=2: the 2 survivors go on"
+if [ "$(rc_of 0)$(rc_of 1)" = 00 ] && echo "$f" | grep -q "step=$STEPS world=2 generation=1 " &&
+  same_loss "$(loss_of "$T/out")" "$REF"; then
+  result 0 "$name"
+else
+  result 1 "$name" "exit $(rc_of 0) $(rc_of 1); '$f'"
 fi
 
 SECONDS=0
