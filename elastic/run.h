@@ -116,7 +116,7 @@ int run_rdzv_lost(struct run_rdzv *r, char *why, size_t n);
  * heartbeat be told from a missing etcd. */
 int run_rdzv_healthy(struct run_rdzv *r);
 /* Seconds after its last answered renewal at which an agent fences itself
- * (kills its workers, leaves the job): the TTL less max(TTL/4, 0.5 s). */
+ * (kills its workers, leaves the job): the TTL less max(TTL/6, 0.5 s). */
 double run_rdzv_fence_after(double ttl);
 /* Fences now if that time has passed; 1 when this node is out of the job.
  * Called by the keepalive thread and every tick of the main loop. */

@@ -49,7 +49,8 @@
 struct run_rdzv {
   const struct run_opts *o;
   struct dcomm_etcd *kc, *wc; /* record client; watch client */
-  struct dcomm_etcd *lc;      /* keepalive client: short timeouts */
+  struct dcomm_etcd *lc;      /* keepalive client: TTL/12 timeouts */
+  struct dcomm_etcd *uc;      /* node record updates: TTL/3 timeouts */
   int healthy;                /* the last keepalive was answered */
   struct dcomm_store *wst;    /* the watch thread's store (revoke notices) */
   char ns[300];               /* "/dcomm/<job>/" */
@@ -89,7 +90,7 @@ static void set_lost(struct run_rdzv *r, const char *why) {
 static int64_t mono_ns(void) { return (int64_t)(dcomm__now() * 1e9); }
 
 double run_rdzv_fence_after(double ttl) {
-  double margin = ttl / 4.0;
+  double margin = ttl / 6.0;
   if (margin < 0.5) margin = 0.5;
   return ttl - margin;
 }
@@ -117,8 +118,10 @@ static void agents_prefix(const struct run_rdzv *r, char *buf, size_t n) { snpri
 
 /* ---- the lease ---- */
 
-/* Renews every sixth of the TTL, so that a renewal or two may be lost to a
- * short network blip without fencing. */
+/* Renews every sixth of the TTL; a renewal that fails is tried again at
+ * once (each try is bounded by a twelfth of the TTL: a try begun while the
+ * network was down cannot succeed, its SYN is lost), so that a blip of
+ * half the TTL is ridden out without fencing. */
 static void *keepalive_main(void *arg) {
   struct run_rdzv *r = arg;
   double period = (double)r->ttl / 6.0;
@@ -134,6 +137,10 @@ static void *keepalive_main(void *arg) {
     __atomic_store_n(&r->healthy, rc == 0 && left > 0, __ATOMIC_RELEASE);
     if (rc == 0 && left > 0) {
       __atomic_store_n(&r->last_ok_ns, sent, __ATOMIC_RELEASE);
+    } else if (rc < 0 && rc != DCOMM_ENOTFOUND) {
+      if (run_rdzv_check_fence(r)) break;
+      sleep_s(0.05);
+      continue;
     } else if (rc == DCOMM_ENOTFOUND || (rc == 0 && left <= 0)) {
       set_lost(r, "its etcd lease expired (the other nodes have gone on without this one)");
       break;
@@ -342,7 +349,7 @@ int run_rdzv_update(struct run_rdzv *r, int live, const char *pids) {
   key_of(r, key, sizeof(key), AGENT_KEYS "%ld", r->slot);
   int n = record_text(r, live, pids, val, sizeof(val));
   if (run_rdzv_lost(r, NULL, 0)) return 0;
-  return dcomm__etcd_put(r->lc, key, val, (size_t)n, r->lease, NULL);
+  return dcomm__etcd_put(r->uc, key, val, (size_t)n, r->lease, NULL);
 }
 
 static int do_open(struct run_rdzv *r, struct dcomm_store **st, char token[33], int *slot) {
@@ -356,11 +363,13 @@ static int do_open(struct run_rdzv *r, struct dcomm_store **st, char token[33], 
   if (ttl < 2) ttl = 2;
   /* A renewal must give up well inside the TTL, or a lost lease would be
    * noticed late; and so must the agent's own store calls. */
-  double quick = (double)ttl / 6.0;
-  if (quick < 0.3) quick = 0.3;
+  double quick = (double)ttl / 12.0;
+  if (quick < 0.2) quick = 0.2;
   struct dcomm_etcd_opts lo = eo;
   lo.timeout = quick;
   DCOMM_CHECK(dcomm__etcd_create(o->endpoints, &lo, &r->lc));
+  lo.timeout = (double)ttl / 3.0;
+  DCOMM_CHECK(dcomm__etcd_create(o->endpoints, &lo, &r->uc));
   DCOMM_CHECK(clear_stale(r));
   int64_t granted_at = mono_ns();
   DCOMM_CHECK(dcomm__etcd_lease_grant(r->kc, ttl, &r->lease, &r->ttl));
@@ -462,6 +471,7 @@ void run_rdzv_close(struct run_rdzv *r, int clean) {
   if (r->wst) dcomm__store_close(r->wst);
   dcomm__etcd_destroy(r->wc);
   dcomm__etcd_destroy(r->lc);
+  dcomm__etcd_destroy(r->uc);
   dcomm__etcd_destroy(r->kc);
   pthread_mutex_destroy(&r->lock);
   free(r->pids);

@@ -326,6 +326,308 @@ static void api_max_value(struct dcomm_store *a, struct dcomm_store *b) {
   free(big);
 }
 
+/* ---- guarded writes (txn), shared by both implementations ---- */
+
+#define CMP(k, kind) {(k), (kind), NULL, 0}
+#define CMPV(k, v) {(k), DCOMM_STORE_EQUAL, (v), sizeof(v) - 1}
+#define PUT(k, v) {(k), (v), sizeof(v) - 1}
+
+/* Runs one txn that must succeed as a call; done must be want. */
+#define txn_ok(s, cmps, ncmp, puts, nput, want) txn_ok_at(__LINE__, s, cmps, ncmp, puts, nput, want)
+static void txn_ok_at(int line, struct dcomm_store *s, const struct dcomm_store_cmp *cmps, int ncmp,
+                      const struct dcomm_store_put *puts, int nput, int want) {
+  int done = -1;
+  int rc = dcomm__store_txn(s, cmps, ncmp, puts, nput, &done);
+  ck_assert_msg(rc == 0, "line %d: txn returned %d (%s)", line, rc, dcomm_last_error());
+  ck_assert_msg(done == want, "line %d: txn done is %d, expected %d", line, done, want);
+}
+
+/* A refused txn: DCOMM_EINVAL, *done 0 (when given), nothing written. */
+#define txn_einval(s, cmps, ncmp, puts, nput) txn_einval_at(__LINE__, s, cmps, ncmp, puts, nput)
+static void txn_einval_at(int line, struct dcomm_store *s, const struct dcomm_store_cmp *cmps, int ncmp,
+                          const struct dcomm_store_put *puts, int nput) {
+  int done = -1;
+  int rc = dcomm__store_txn(s, cmps, ncmp, puts, nput, &done);
+  ck_assert_msg(rc == DCOMM_EINVAL, "line %d: txn returned %d, expected DCOMM_EINVAL", line, rc);
+  ck_assert_msg(done == 0, "line %d: a refused txn left done at %d", line, done);
+}
+
+static void api_txn_kinds(struct dcomm_store *a, struct dcomm_store *b) {
+  /* ABSENT holds once; then it fails and the put does not happen. */
+  struct dcomm_store_cmp absent[] = {CMP("tk", DCOMM_STORE_ABSENT)};
+  struct dcomm_store_put one[] = {PUT("tk", "one")}, two[] = {PUT("tk", "two")};
+  txn_ok(a, absent, 1, one, 1, 1);
+  expect_value(b, "tk", "one", 3);
+  txn_ok(b, absent, 1, two, 1, 0);
+  expect_value(a, "tk", "one", 3);
+  /* EXISTS holds on a present key, fails on an absent one. */
+  struct dcomm_store_cmp exists[] = {CMP("tk", DCOMM_STORE_EXISTS)}, exists_not[] = {CMP("tk-none", DCOMM_STORE_EXISTS)};
+  txn_ok(b, exists, 1, two, 1, 1);
+  expect_value(a, "tk", "two", 3);
+  struct dcomm_store_put three_and_new[] = {PUT("tk", "three"), PUT("tk-none", "made")};
+  txn_ok(a, exists_not, 1, three_and_new, 2, 0);
+  expect_value(b, "tk", "two", 3);
+  expect_absent(b, "tk-none");
+  /* EQUAL: exact bytes and exact length. */
+  struct dcomm_store_cmp eq_miss[][1] = {{CMPV("tk", "one")}, {CMPV("tk", "tw")}, {CMPV("tk", "two!")},
+                                         {CMPV("tk", "")},    {CMPV("tk", "TWO")}, {CMPV("tk-none", "two")}};
+  for (size_t i = 0; i < sizeof(eq_miss) / sizeof(eq_miss[0]); i++) {
+    txn_ok(a, eq_miss[i], 1, three_and_new, 2, 0);
+    expect_value(b, "tk", "two", 3);
+    expect_absent(b, "tk-none");
+  }
+  struct dcomm_store_cmp eq[] = {CMPV("tk", "two")};
+  txn_ok(a, eq, 1, three_and_new, 2, 1);
+  expect_value(b, "tk", "three", 5);
+  expect_value(b, "tk-none", "made", 4);
+  txn_ok(b, eq, 1, two, 1, 0); /* the value it compared against is gone */
+  expect_value(a, "tk", "three", 5);
+  /* Binary values with NUL bytes compare in full. */
+  const char bin[] = {'g', 0, 'x', 0, (char)0xff};
+  const char bin2[] = {'g', 0, 'y', 0, (char)0xff};
+  ok(dcomm__store_set(a, "tbin", bin, sizeof(bin)));
+  struct dcomm_store_cmp eq_bin2[] = {{"tbin", DCOMM_STORE_EQUAL, bin2, sizeof(bin2)}};
+  struct dcomm_store_cmp eq_bin[] = {{"tbin", DCOMM_STORE_EQUAL, bin, sizeof(bin)}};
+  struct dcomm_store_put mark[] = {PUT("tbin-ok", "1")};
+  txn_ok(b, eq_bin2, 1, mark, 1, 0);
+  expect_absent(a, "tbin-ok");
+  txn_ok(b, eq_bin, 1, mark, 1, 1);
+  expect_value(a, "tbin-ok", "1", 1);
+  /* No compare at all: the puts just happen. */
+  struct dcomm_store_put free_put[] = {PUT("tk-free", "x")};
+  txn_ok(b, NULL, 0, free_put, 1, 1);
+  expect_value(a, "tk-free", "x", 1);
+  /* A deleted key is absent again: ABSENT holds, EXISTS fails. */
+  ok(dcomm__store_delete(a, "tk", NULL));
+  struct dcomm_store_put again[] = {PUT("tk", "again")};
+  txn_ok(b, exists, 1, again, 1, 0);
+  expect_absent(a, "tk");
+  txn_ok(b, absent, 1, again, 1, 1);
+  expect_value(a, "tk", "again", 5);
+}
+
+static void api_txn_all_or_nothing(struct dcomm_store *a, struct dcomm_store *b) {
+  ok(dcomm__store_set(a, "gen", "5", 1));
+  ok(dcomm__store_set(a, "node/0", "alive", 5));
+  struct dcomm_store_cmp good[DCOMM_STORE_TXN_MAX] = {
+      CMPV("gen", "5"),         CMP("node/0", DCOMM_STORE_EXISTS), CMP("plan/6", DCOMM_STORE_ABSENT),
+      CMPV("node/0", "alive"),  CMP("n/4", DCOMM_STORE_ABSENT),    CMP("n/5", DCOMM_STORE_ABSENT),
+      CMP("n/6", DCOMM_STORE_ABSENT), CMP("gen", DCOMM_STORE_EXISTS)};
+  /* For each position, a compare there that fails. */
+  const struct dcomm_store_cmp bad[DCOMM_STORE_TXN_MAX] = {
+      CMPV("gen", "4"),         CMP("node/1", DCOMM_STORE_EXISTS), CMP("node/0", DCOMM_STORE_ABSENT),
+      CMPV("node/0", "alivE"),  CMP("gen", DCOMM_STORE_ABSENT),    CMPV("gen", "55"),
+      CMPV("gen", ""),          CMP("nothing", DCOMM_STORE_EXISTS)};
+  struct dcomm_store_put puts[DCOMM_STORE_TXN_MAX] = {PUT("gen", "6"),   PUT("plan/6", "p6"), PUT("x/2", "v2"),
+                                                      PUT("x/3", "v3"),  PUT("x/4", "v4"),    PUT("x/5", "v5"),
+                                                      PUT("x/6", "v6"),  PUT("x/7", "v7")};
+  for (int i = 0; i < DCOMM_STORE_TXN_MAX; i++) {
+    struct dcomm_store_cmp c[DCOMM_STORE_TXN_MAX];
+    memcpy(c, good, sizeof(c));
+    c[i] = bad[i];
+    txn_ok(b, c, DCOMM_STORE_TXN_MAX, puts, DCOMM_STORE_TXN_MAX, 0);
+    /* Fewer compares, the failing one last: still nothing. */
+    txn_ok(a, c, i + 1, puts, DCOMM_STORE_TXN_MAX, 0);
+    expect_value(a, "gen", "5", 1);
+    for (int j = 1; j < DCOMM_STORE_TXN_MAX; j++) expect_absent(a, puts[j].key);
+  }
+  /* Every compare holds: every put is visible, to both handles. */
+  txn_ok(b, good, DCOMM_STORE_TXN_MAX, puts, DCOMM_STORE_TXN_MAX, 1);
+  for (int j = 0; j < DCOMM_STORE_TXN_MAX; j++) {
+    expect_value(a, puts[j].key, puts[j].val, puts[j].len);
+    expect_value(b, puts[j].key, puts[j].val, puts[j].len);
+  }
+  expect_value(a, "node/0", "alive", 5); /* compared keys are left alone */
+  /* The same txn again: gen moved on and plan/6 exists now. */
+  struct dcomm_store_put later[] = {PUT("gen", "7"), PUT("plan/6", "late")};
+  txn_ok(a, good, DCOMM_STORE_TXN_MAX, later, 2, 0);
+  expect_value(b, "gen", "6", 1);
+  expect_value(b, "plan/6", "p6", 2);
+}
+
+static void api_txn_prefix(struct dcomm_store *a, struct dcomm_store *b) {
+  /* b, without a prefix, writes what a (prefix "job7/") sees as "gen". */
+  ok(dcomm__store_set_prefix(a, "job7/"));
+  ok(dcomm__store_set(b, "job7/gen", "3", 1));
+  ok(dcomm__store_set(b, "gen", "999", 3));
+  struct dcomm_store_cmp lead[] = {CMPV("gen", "3"), CMP("plan/4", DCOMM_STORE_ABSENT)};
+  struct dcomm_store_put step[] = {PUT("gen", "4"), PUT("plan/4", "p4")};
+  txn_ok(a, lead, 2, step, 2, 1);
+  expect_value(b, "job7/gen", "4", 1);
+  expect_value(b, "job7/plan/4", "p4", 2);
+  expect_value(b, "gen", "999", 3); /* the unprefixed key is another key */
+  expect_absent(b, "plan/4");
+  expect_value(a, "gen", "4", 1);
+  /* a's "gen" is job7/gen: the unprefixed value does not match it. */
+  struct dcomm_store_cmp other[] = {CMPV("gen", "999")};
+  struct dcomm_store_put px[] = {PUT("plan/x", "x")};
+  txn_ok(a, other, 1, px, 1, 0);
+  expect_absent(b, "job7/plan/x");
+  expect_absent(b, "plan/x");
+  /* plan/4 exists under job7/ only. */
+  txn_ok(a, lead + 1, 1, px, 1, 0);
+  expect_absent(b, "job7/plan/x");
+  struct dcomm_store_put po[] = {PUT("plan/4", "o")};
+  txn_ok(b, lead + 1, 1, po, 1, 1);
+  expect_value(b, "plan/4", "o", 1);
+  expect_value(a, "plan/4", "p4", 2);
+  /* The other way round: b (prefix "job7/node/") sets a key that a, with
+   * no prefix, compares on under its full name. */
+  ok(dcomm__store_set_prefix(b, "job7/node/"));
+  ok(dcomm__store_set(b, "3", "up", 2));
+  ok(dcomm__store_set_prefix(a, ""));
+  struct dcomm_store_cmp node_full[] = {CMP("job7/node/3", DCOMM_STORE_EXISTS), CMPV("job7/gen", "4")};
+  struct dcomm_store_cmp node_bare[] = {CMP("3", DCOMM_STORE_EXISTS)};
+  struct dcomm_store_put p5[] = {PUT("job7/gen", "5")};
+  txn_ok(a, node_bare, 1, p5, 1, 0);
+  expect_value(a, "job7/gen", "4", 1);
+  txn_ok(a, node_full, 2, p5, 1, 1);
+  expect_value(a, "job7/gen", "5", 1);
+  /* b's own compare on "3" is job7/node/3; its put lands under its prefix. */
+  struct dcomm_store_put bput[] = {PUT("3-seen", "y")};
+  txn_ok(b, node_bare, 1, bput, 1, 1);
+  expect_value(a, "job7/node/3-seen", "y", 1);
+  expect_absent(a, "3-seen");
+  ok(dcomm__store_set_prefix(b, ""));
+}
+
+static void api_txn_empty_value(struct dcomm_store *a, struct dcomm_store *b) {
+  ok(dcomm__store_set(a, "ev", "", 0));
+  /* EQUAL "" holds on an empty value, with or without a buffer. */
+  struct dcomm_store_cmp eq_empty[] = {CMPV("ev", "")};
+  struct dcomm_store_cmp eq_null[] = {{"ev", DCOMM_STORE_EQUAL, NULL, 0}};
+  struct dcomm_store_put r1[] = {PUT("ev-r1", "1")}, r2[] = {PUT("ev-r2", "2")}, r3[] = {PUT("ev-r3", "3")};
+  txn_ok(b, eq_empty, 1, r1, 1, 1);
+  expect_value(a, "ev-r1", "1", 1);
+  txn_ok(b, eq_null, 1, r2, 1, 1);
+  expect_value(a, "ev-r2", "2", 1);
+  /* ... but not on an absent key, which has no value at all. */
+  struct dcomm_store_cmp eq_absent[] = {CMPV("ev-absent", "")};
+  struct dcomm_store_cmp eq_absent_null[] = {{"ev-absent", DCOMM_STORE_EQUAL, NULL, 0}};
+  txn_ok(b, eq_absent, 1, r3, 1, 0);
+  txn_ok(b, eq_absent_null, 1, r3, 1, 0);
+  expect_absent(a, "ev-r3");
+  /* An empty value exists; it is not equal to a non-empty one. */
+  struct dcomm_store_cmp ex[] = {CMP("ev", DCOMM_STORE_EXISTS)}, ab[] = {CMP("ev", DCOMM_STORE_ABSENT)};
+  struct dcomm_store_cmp eq_x[] = {CMPV("ev", "x")};
+  txn_ok(a, ab, 1, r3, 1, 0);
+  txn_ok(a, eq_x, 1, r3, 1, 0);
+  expect_absent(b, "ev-r3");
+  txn_ok(a, ex, 1, r3, 1, 1);
+  expect_value(b, "ev-r3", "3", 1);
+  /* A txn can write an empty value, which then exists and equals "". */
+  struct dcomm_store_cmp pe_absent[] = {CMP("pe", DCOMM_STORE_ABSENT)};
+  struct dcomm_store_put pe[] = {{"pe", NULL, 0}}, pe_x[] = {PUT("pe", "x")};
+  txn_ok(a, pe_absent, 1, pe, 1, 1);
+  expect_value(b, "pe", "", 0);
+  txn_ok(b, pe_absent, 1, pe_x, 1, 0);
+  struct dcomm_store_cmp pe_eq[] = {CMPV("pe", ""), CMP("pe", DCOMM_STORE_EXISTS)};
+  txn_ok(b, pe_eq, 2, pe_x, 1, 1);
+  expect_value(a, "pe", "x", 1);
+}
+
+static void api_txn_validation(struct dcomm_store *a) {
+  static const char *ck[DCOMM_STORE_TXN_MAX + 1] = {"v/c0", "v/c1", "v/c2", "v/c3", "v/c4",
+                                                    "v/c5", "v/c6", "v/c7", "v/c8"};
+  static const char *pk[DCOMM_STORE_TXN_MAX + 1] = {"v/p0", "v/p1", "v/p2", "v/p3", "v/p4",
+                                                    "v/p5", "v/p6", "v/p7", "v/p8"};
+  static char longkey[DCOMM_STORE_MAX_KEY + 2];
+  memset(longkey, 'k', DCOMM_STORE_MAX_KEY + 1);
+  struct dcomm_store_cmp c[DCOMM_STORE_TXN_MAX + 1];
+  struct dcomm_store_put p[DCOMM_STORE_TXN_MAX + 1];
+  for (int i = 0; i <= DCOMM_STORE_TXN_MAX; i++) {
+    c[i] = (struct dcomm_store_cmp){ck[i], DCOMM_STORE_ABSENT, NULL, 0}; /* all hold */
+    p[i] = (struct dcomm_store_put){pk[i], "x", 1};
+  }
+  /* Counts. */
+  txn_einval(a, c, DCOMM_STORE_TXN_MAX + 1, p, 1);
+  txn_einval(a, c, 200, p, 1);
+  txn_einval(a, c, -1, p, 1);
+  txn_einval(a, c, 1, p, 0);
+  txn_einval(a, c, 0, p, 0);
+  txn_einval(a, c, 1, p, -1);
+  txn_einval(a, c, 1, p, DCOMM_STORE_TXN_MAX + 1);
+  txn_einval(a, NULL, 1, p, 1);
+  txn_einval(a, c, 1, NULL, 1);
+  txn_einval(a, NULL, 0, NULL, 1);
+  /* Kinds: out of range anywhere in the list. */
+  int kinds[] = {3, 9, -1, 255};
+  for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
+    c[2].kind = kinds[k];
+    txn_einval(a, c, 3, p, 2);
+    txn_einval(a, c + 2, 1, p, 2);
+  }
+  c[2].kind = DCOMM_STORE_ABSENT;
+  /* Keys and values. */
+  c[1].key = "";
+  txn_einval(a, c, 2, p, 1);
+  c[1].key = NULL;
+  txn_einval(a, c, 2, p, 1);
+  c[1].key = longkey;
+  txn_einval(a, c, 2, p, 1);
+  c[1] = (struct dcomm_store_cmp){ck[1], DCOMM_STORE_EQUAL, NULL, 3};
+  txn_einval(a, c, 2, p, 1);
+  c[1] = (struct dcomm_store_cmp){ck[1], DCOMM_STORE_ABSENT, NULL, 0};
+  p[1].key = "";
+  txn_einval(a, c, 2, p, 2);
+  p[1].key = NULL;
+  txn_einval(a, c, 2, p, 2);
+  p[1].key = longkey;
+  txn_einval(a, c, 2, p, 2);
+  p[1] = (struct dcomm_store_put){pk[1], NULL, 4};
+  txn_einval(a, c, 2, p, 2);
+  p[1] = (struct dcomm_store_put){pk[1], "x", 1};
+  /* No done, no handle. */
+  ck_assert_int_eq(dcomm__store_txn(a, c, 1, p, 1, NULL), DCOMM_EINVAL);
+  int done = -1;
+  ck_assert_int_eq(dcomm__store_txn(NULL, c, 1, p, 1, &done), DCOMM_EINVAL);
+  for (int i = 0; i <= DCOMM_STORE_TXN_MAX; i++) expect_absent(a, pk[i]);
+  /* The limits themselves are fine, and the handle still works. */
+  txn_ok(a, c, DCOMM_STORE_TXN_MAX, p, DCOMM_STORE_TXN_MAX, 1);
+  for (int i = 0; i < DCOMM_STORE_TXN_MAX; i++) expect_value(a, pk[i], "x", 1);
+  expect_absent(a, pk[DCOMM_STORE_TXN_MAX]);
+}
+
+static void api_txn_max_value(struct dcomm_store *a, struct dcomm_store *b) {
+  /* The caller set DCOMM_STORE_MAX_VALUE=1024: a put or a compared value
+   * over it is refused before anything is written. */
+  char *big = malloc(1025);
+  for (int i = 0; i < 1025; i++) big[i] = (char)('a' + i % 26);
+  struct dcomm_store_put bigput[] = {{"mv-txn", big, 1025}}, small[] = {PUT("mv-txn", "s")};
+  struct dcomm_store_cmp bigcmp[] = {{"mv-txn-c", DCOMM_STORE_EQUAL, big, 1025}};
+  txn_einval(a, NULL, 0, bigput, 1);
+  txn_einval(a, bigcmp, 1, small, 1);
+  expect_absent(b, "mv-txn");
+  bigput[0].len = 1024;
+  txn_ok(a, NULL, 0, bigput, 1, 1);
+  expect_value(b, "mv-txn", big, 1024);
+  bigcmp[0] = (struct dcomm_store_cmp){"mv-txn", DCOMM_STORE_EQUAL, big, 1024};
+  txn_ok(b, bigcmp, 1, small, 1, 1);
+  expect_value(a, "mv-txn", "s", 1);
+  free(big);
+}
+
+static void api_txn_releases_get(struct dcomm_store *a, struct dcomm_store *b) {
+  struct blocked_get g = {.s = a, .key = "txn-late", .timeout = 10.0};
+  pthread_t th;
+  ck_assert_int_eq(pthread_create(&th, NULL, blocked_get_main, &g), 0);
+  sleep_s(0.3);
+  /* A txn whose compare fails does not put the key, so the get goes on. */
+  struct dcomm_store_cmp fails[] = {CMP("txn-nobody", DCOMM_STORE_EXISTS)};
+  struct dcomm_store_put wrong[] = {PUT("txn-late", "wrong")};
+  txn_ok(b, fails, 1, wrong, 1, 0);
+  sleep_s(0.3);
+  struct dcomm_store_cmp holds[] = {CMP("txn-late", DCOMM_STORE_ABSENT)};
+  struct dcomm_store_put right[] = {PUT("txn-other", "o"), PUT("txn-late", "by-txn")};
+  txn_ok(b, holds, 1, right, 2, 1);
+  pthread_join(th, NULL);
+  ck_assert_msg(g.rc == 0, "blocked get returned %d", g.rc);
+  ck_assert_msg(g.len == 6 && memcmp(g.val, "by-txn", 6) == 0, "blocked get saw '%.*s'", (int)g.len, (char *)g.val);
+  ck_assert_msg(g.elapsed >= 0.55 && g.elapsed < 5.0, "blocked get returned after %.3f s", g.elapsed);
+  free(g.val);
+  expect_value(a, "txn-other", "o", 1);
+}
+
 /* ---- TCP store: fixture and raw-socket helpers ---- */
 
 static struct dcomm_store_server *srv;
@@ -539,6 +841,102 @@ static void expect_counter(struct dcomm_store *s, int64_t want) {
   char txt[32];
   snprintf(txt, sizeof(txt), "%lld", (long long)want);
   expect_value(s, "counter", txt, strlen(txt));
+}
+
+/* The fencing race: every racer reads elastic/gen, then (all having read
+ * the same value) tries "compare EQUAL what I read, put gen+1 and
+ * plan/<gen+1>". Rounds are separated by barriers, so in each round all
+ * racers start from the same value and exactly one may win. */
+#define RACERS 8
+#define RACE_ROUNDS 30
+
+struct racer {
+  struct dcomm_store *shared; /* NULL: connect or open an own handle */
+  const char *path;           /* file store path, or NULL for TCP */
+  pthread_barrier_t *bar;
+  int id, rc;
+  long read_gen[RACE_ROUNDS];
+  int won[RACE_ROUNDS];
+};
+
+/* The guarded step from the value v (n bytes) read for elastic/gen: 1 won,
+ * 0 lost, < 0 error; *g is the generation that was read. */
+static int race_try(struct dcomm_store *s, int id, const void *v, size_t n, long *g) {
+  char txt[32], next[32], pkey[64], me[32];
+  snprintf(txt, sizeof(txt), "%.*s", (int)(n < 31 ? n : 31), (const char *)v);
+  *g = strtol(txt, NULL, 10);
+  int nl = snprintf(next, sizeof(next), "%ld", *g + 1);
+  snprintf(pkey, sizeof(pkey), "elastic/plan/%ld", *g + 1);
+  int ml = snprintf(me, sizeof(me), "racer %d", id);
+  struct dcomm_store_cmp c = {"elastic/gen", DCOMM_STORE_EQUAL, v, n};
+  struct dcomm_store_put p[2] = {{"elastic/gen", next, (size_t)nl}, {pkey, me, (size_t)ml}};
+  int done = -1;
+  int rc = dcomm__store_txn(s, &c, 1, p, 2, &done);
+  return rc < 0 ? rc : done;
+}
+
+static void *racer_main(void *arg) {
+  struct racer *r = arg;
+  struct dcomm_store *s = r->shared;
+  int rc = 0;
+  if (!s) {
+    if (r->path) rc = dcomm__store_file_open(r->path, 10.0, &s);
+    else rc = dcomm__store_tcp_connect("127.0.0.1", port, JOB, TOKEN, 5.0, 10.0, &s);
+  }
+  for (int i = 0; i < RACE_ROUNDS; i++) {
+    /* Even after a failure every barrier is passed, so no one hangs. */
+    pthread_barrier_wait(r->bar);
+    void *v = NULL;
+    size_t n = 0;
+    if (rc == 0) rc = dcomm__store_get(s, "elastic/gen", 5.0, &v, &n);
+    pthread_barrier_wait(r->bar); /* everyone has read before anyone writes */
+    if (rc == 0) {
+      int won = race_try(s, r->id, v, n, &r->read_gen[i]);
+      if (won < 0) rc = won;
+      else r->won[i] = won;
+    }
+    free(v);
+  }
+  if (s && !r->shared) dcomm__store_close(s);
+  r->rc = rc;
+  return NULL;
+}
+
+/* Runs RACERS racers (the first nshared on one shared handle) for
+ * RACE_ROUNDS rounds from elastic/gen = "0" and checks one winner a round,
+ * whose plan is the one stored. */
+static void run_race(struct dcomm_store *shared, const char *fpath, int nshared) {
+  pthread_t th[RACERS];
+  struct racer *r = calloc(RACERS, sizeof(*r));
+  pthread_barrier_t bar;
+  ck_assert_int_eq(pthread_barrier_init(&bar, NULL, RACERS), 0);
+  ok(dcomm__store_set(shared, "elastic/gen", "0", 1));
+  for (int i = 0; i < RACERS; i++) {
+    r[i] = (struct racer){.shared = i < nshared ? shared : NULL, .path = fpath, .bar = &bar, .id = i};
+    ck_assert_int_eq(pthread_create(&th[i], NULL, racer_main, &r[i]), 0);
+  }
+  for (int i = 0; i < RACERS; i++) pthread_join(th[i], NULL);
+  pthread_barrier_destroy(&bar);
+  for (int i = 0; i < RACERS; i++) ck_assert_msg(r[i].rc == 0, "racer %d failed with %d", i, r[i].rc);
+  for (int k = 0; k < RACE_ROUNDS; k++) {
+    int wins = 0, winner = -1;
+    for (int i = 0; i < RACERS; i++) {
+      ck_assert_msg(r[i].read_gen[k] == k, "round %d: racer %d read gen %ld", k, i, r[i].read_gen[k]);
+      ck_assert_msg(r[i].won[k] == 0 || r[i].won[k] == 1, "round %d: racer %d: done %d", k, i, r[i].won[k]);
+      if (r[i].won[k]) wins++, winner = i;
+    }
+    ck_assert_msg(wins == 1, "round %d: %d racers won the same generation", k, wins);
+    char pkey[64], want[32];
+    snprintf(pkey, sizeof(pkey), "elastic/plan/%d", k + 1);
+    snprintf(want, sizeof(want), "racer %d", winner);
+    expect_value(shared, pkey, want, strlen(want)); /* no loser's plan over it */
+  }
+  char final[32];
+  snprintf(final, sizeof(final), "%d", RACE_ROUNDS);
+  expect_value(shared, "elastic/gen", final, strlen(final));
+  snprintf(final, sizeof(final), "elastic/plan/%d", RACE_ROUNDS + 1);
+  expect_absent(shared, final);
+  free(r);
 }
 
 START_TEST(tcp_concurrent_add) {
