@@ -27,8 +27,9 @@
 #include "error.h"
 #include "log.h"
 #include "param.h"
-#include "runtime.h"
+#include "shrink.h"
 #include "store.h"
+#include "world.h"
 
 #define SHRINK_FAILED (INT64_C(1) << 32) /* more than any count of members */
 

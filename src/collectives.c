@@ -6,7 +6,7 @@
  * dcomm_set_stream hands a GPU backend the user's stream.
  */
 #include "config.h"
-#include "runtime.h"
+#include "world.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -10,7 +10,7 @@
  * waiting out the timeout. DCOMM_CONTROL_PATH forces either path.
  */
 #include "config.h"
-#include "runtime.h"
+#include "world.h"
 
 #include <inttypes.h>
 #include <stdio.h>

@@ -6,13 +6,14 @@
  * cannot be wired into the wrong communicator.
  */
 #include "config.h"
-#include "runtime.h"
+#include "world.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "error.h"
+#include "hash.h"
 #include "log.h"
 #include "sock.h"
 #include "store.h"

@@ -5,7 +5,7 @@
  * libdcomm itself never depends on CUDA.
  */
 #include "config.h"
-#include "runtime.h"
+#include "world.h"
 
 #include <dlfcn.h>
 #include <stdio.h>
@@ -23,6 +23,20 @@ static int valid_name(const char *name) {
   for (const char *p = name; *p; p++)
     if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '_')) return 0;
   return 1;
+}
+
+/* A table of ABI version 1 at least as long as its mandatory ops, every one
+ * of them set. A shorter optional part reads as NULL (DCOMM_BACKEND_OP). */
+static int check_table(const struct dcomm_backend_v1 *t, const char *path) {
+  if (!t || t->abi_version != DCOMM_BACKEND_ABI_VERSION || t->size < DCOMM_BACKEND_V1_MIN_SIZE)
+    return dcomm__err(DCOMM_EBACKEND, "%s is not a dcomm backend of ABI version %d (its dcomm_backend_v1 says "
+                      "version %d, %zu bytes; at least %zu needed)", path, DCOMM_BACKEND_ABI_VERSION,
+                      t ? t->abi_version : 0, t ? t->size : 0, (size_t)DCOMM_BACKEND_V1_MIN_SIZE);
+  if (!t->name || !t->init || !t->finalize || !t->comm_create || !t->comm_destroy || !t->comm_abort || !t->post ||
+      !t->test || !t->wait || !t->async_error)
+    return dcomm__err(DCOMM_EBACKEND, "%s: its dcomm_backend_v1 lacks a mandatory op (name, init, finalize, "
+                      "comm_create, comm_destroy, comm_abort, post, test, wait and async_error must be set)", path);
+  return 0;
 }
 
 int dcomm__backend_load(const char *name, const struct dcomm_backend_v1 **be, void **handle) {
@@ -47,9 +61,10 @@ int dcomm__backend_load(const char *name, const struct dcomm_backend_v1 **be, vo
       continue;
     }
     const struct dcomm_backend_v1 *t = dlsym(h, "dcomm_backend_v1");
-    if (!t || t->size < sizeof(struct dcomm_backend_v1) || t->abi_version != DCOMM_BACKEND_ABI_VERSION) {
+    int rc = check_table(t, path);
+    if (rc < 0) {
       dlclose(h);
-      return dcomm__err(DCOMM_EBACKEND, "%s is not a dcomm backend of ABI version %d", path, DCOMM_BACKEND_ABI_VERSION);
+      return rc;
     }
     DCOMM_LOG(INFO, INIT, "loaded backend %s from %s", name, path);
     *be = t;
@@ -58,6 +73,13 @@ int dcomm__backend_load(const char *name, const struct dcomm_backend_v1 **be, vo
   }
   if (dlerr) return dcomm__err(DCOMM_ENOTSUP, "backend '%s' could not be loaded: %s", name, dlerr);
   return dcomm__err(DCOMM_ENOTSUP, "backend '%s' is not built or not installed (looked for %s)", name, tried);
+}
+
+const char *dcomm__backend_param_default(const struct dcomm_backend_v1 *be, const char *name) {
+  const struct dcomm_backend_param *p = be ? DCOMM_BACKEND_OP(be, params) : NULL;
+  for (; p && p->name; p++)
+    if (!strcmp(p->name, name)) return p->def;
+  return NULL;
 }
 
 void dcomm__backend_unload(void *handle) {

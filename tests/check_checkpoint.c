@@ -39,7 +39,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "checkpoint.h"
+#include "checkpoint_file.h"
 #include "dcomm.h"
 #include "error.h"
 #include "log.h"

@@ -28,7 +28,7 @@
 #include "dcomm.h"
 #include "harness.h"
 #include "auth.h"
-#include "runtime.h"
+#include "world.h"
 #include "sock.h"
 #include "store.h"
 

@@ -17,6 +17,9 @@
 #include "dcomm.h"
 #include "error.h"
 #include "param.h"
+#include "world.h"
+
+extern const struct dcomm_backend_v1 dcomm__backend_tcp;
 
 /* Removes every registered variable from the environment. */
 static void clear_env(void) {
@@ -36,15 +39,16 @@ START_TEST(test_defaults) {
   ck_assert_str_eq(dcomm__param_str(DCOMM_P_BACKEND), "tcp");
   ck_assert_str_eq(dcomm__param_str(DCOMM_P_INIT_METHOD), "");
   ck_assert_str_eq(dcomm__param_str(DCOMM_P_LOG_LEVEL), "warn");
-  ck_assert_str_eq(dcomm__param_str(DCOMM_P_ALGO), "auto");
   ck_assert_double_eq(dcomm__param_double(DCOMM_P_TIMEOUT), 300.0);
   ck_assert_double_eq(dcomm__param_double(DCOMM_P_CONNECT_TIMEOUT), 60.0);
   ck_assert_int_eq(dcomm__param_bool(DCOMM_P_USE_AGENT_STORE), 0);
   ck_assert_int_eq(dcomm__param_bool(DCOMM_P_CHECK_MISMATCH), 1);
   ck_assert_uint_eq(dcomm__param_size(DCOMM_P_STORE_MAX_VALUE), 67108864);
-  ck_assert_uint_eq(dcomm__param_size(DCOMM_P_TCP_CHUNK_SIZE), 262144);
-  ck_assert_uint_eq(dcomm__param_size(DCOMM_P_TCP_SMALL_THRESHOLD), 262144);
-  ck_assert_uint_eq(dcomm__param_size(DCOMM_P_TCP_BUFSIZE), 4194304);
+  /* The tcp backend's own parameters come from its table. */
+  ck_assert_str_eq(dcomm__backend_param_default(&dcomm__backend_tcp, "DCOMM_TCP_CHUNK_SIZE"), "262144");
+  ck_assert_str_eq(dcomm__backend_param_default(&dcomm__backend_tcp, "DCOMM_TCP_BUFSIZE"), "4194304");
+  ck_assert_str_eq(dcomm__backend_param_default(&dcomm__backend_tcp, "DCOMM_ALGO"), "auto");
+  ck_assert_ptr_null(dcomm__backend_param_default(&dcomm__backend_tcp, "DCOMM_TIMEOUT"));
   ck_assert_str_eq(dcomm__param_by_name("DCOMM_BACKEND"), "tcp");
   ck_assert_str_eq(dcomm__param_by_name("DCOMM_TIMEOUT"), "300");
 }
@@ -209,9 +213,9 @@ START_TEST(test_env_size) {
       {"16KB", 16384},
   };
   for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
-    ck_assert_msg(load_with("DCOMM_TCP_CHUNK_SIZE", sizes[i].text) == 0, "'%s' rejected", sizes[i].text);
-    ck_assert_msg(dcomm__param_size(DCOMM_P_TCP_CHUNK_SIZE) == sizes[i].value, "'%s' gave %zu, want %zu",
-                  sizes[i].text, dcomm__param_size(DCOMM_P_TCP_CHUNK_SIZE), sizes[i].value);
+    ck_assert_msg(load_with("DCOMM_STORE_MAX_VALUE", sizes[i].text) == 0, "'%s' rejected", sizes[i].text);
+    ck_assert_msg(dcomm__param_size(DCOMM_P_STORE_MAX_VALUE) == sizes[i].value, "'%s' gave %zu, want %zu",
+                  sizes[i].text, dcomm__param_size(DCOMM_P_STORE_MAX_VALUE), sizes[i].value);
   }
   static const char *const bad[] = {"-1", "", "K", "1T", "12 ", "1.5M", "4Kx", "99999999999999999999999"};
   size_t z;
@@ -241,7 +245,7 @@ static const struct {
   enum dcomm_param_id id;
 } bad_values[] = {
     {"DCOMM_TIMEOUT", "abc", DCOMM_P_TIMEOUT},
-    {"DCOMM_TCP_CHUNK_SIZE", "-1", DCOMM_P_TCP_CHUNK_SIZE},
+    {"DCOMM_STORE_MAX_VALUE", "-1", DCOMM_P_STORE_MAX_VALUE},
     {"DCOMM_CHECK_MISMATCH", "maybe", DCOMM_P_CHECK_MISMATCH},
 };
 
@@ -268,11 +272,11 @@ START_TEST(test_bad_value_others_kept) {
   clear_env();
   setenv("DCOMM_TIMEOUT", "abc", 1);
   setenv("DCOMM_BACKEND", "nccl", 1);
-  setenv("DCOMM_TCP_CHUNK_SIZE", "1M", 1);
+  setenv("DCOMM_STORE_MAX_VALUE", "1M", 1);
   ck_assert_int_eq(dcomm__params_load(), DCOMM_EINVAL);
   ck_assert_ptr_nonnull(strstr(dcomm_last_error(), "DCOMM_TIMEOUT"));
   ck_assert_str_eq(dcomm__param_str(DCOMM_P_BACKEND), "nccl");
-  ck_assert_uint_eq(dcomm__param_size(DCOMM_P_TCP_CHUNK_SIZE), 1u << 20);
+  ck_assert_uint_eq(dcomm__param_size(DCOMM_P_STORE_MAX_VALUE), 1u << 20);
   ck_assert_double_eq(dcomm__param_double(DCOMM_P_TIMEOUT), 300.0);
   /* Fixing the variable makes the next load succeed. */
   setenv("DCOMM_TIMEOUT", "30", 1);
@@ -283,14 +287,45 @@ END_TEST
 
 START_TEST(test_by_name) {
   clear_env();
-  ck_assert_str_eq(dcomm__param_by_name("DCOMM_ALGO"), "auto");
-  setenv("DCOMM_ALGO", "ring", 1);
-  ck_assert_str_eq(dcomm__param_by_name("DCOMM_ALGO"), "ring");
+  ck_assert_str_eq(dcomm__param_by_name("DCOMM_CONTROL_PATH"), "auto");
+  setenv("DCOMM_CONTROL_PATH", "store", 1);
+  ck_assert_str_eq(dcomm__param_by_name("DCOMM_CONTROL_PATH"), "store");
   /* A name outside the registry reads the plain environment. */
   unsetenv("DCOMM_NOT_A_PARAM");
   ck_assert_ptr_null(dcomm__param_by_name("DCOMM_NOT_A_PARAM"));
   setenv("DCOMM_NOT_A_PARAM", "x", 1);
   ck_assert_str_eq(dcomm__param_by_name("DCOMM_NOT_A_PARAM"), "x");
+}
+END_TEST
+
+static int backend_param_count(void) {
+  int n = 0;
+  while (dcomm__backend_tcp.params[n].name) n++;
+  return n;
+}
+
+/*
+ * The tcp backend declares its parameters in its table: well formed, each
+ * default parses as its type, none also in the core's registry.
+ */
+START_TEST(test_backend_params) {
+  int n = backend_param_count();
+  ck_assert_int_ge(n, 10);
+  for (int i = 0; i < n; i++) {
+    const struct dcomm_backend_param *p = &dcomm__backend_tcp.params[i];
+    ck_assert_msg(!strncmp(p->name, "DCOMM_", 6), "bad name %s", p->name);
+    ck_assert_msg(p->help && *p->help && p->def, "%s lacks help or default", p->name);
+    size_t z;
+    int b;
+    long l;
+    if (!strcmp(p->type, "size")) ck_assert_msg(dcomm__parse_size(p->def, &z) == 0, "%s default '%s'", p->name, p->def);
+    else if (!strcmp(p->type, "bool")) ck_assert_msg(dcomm__parse_bool(p->def, &b) == 0, "%s default '%s'", p->name, p->def);
+    else if (!strcmp(p->type, "int")) ck_assert_msg(dcomm__parse_long(p->def, &l) == 0, "%s default '%s'", p->name, p->def);
+    else ck_assert_msg(!strcmp(p->type, "str") || !strcmp(p->type, "double"), "%s type %s", p->name, p->type);
+    for (int id = 0; id < DCOMM_P_COUNT; id++)
+      ck_assert_msg(strcmp(p->name, dcomm__param_info(id)->name) != 0, "%s is declared by tcp and the core", p->name);
+    for (int j = 0; j < i; j++) ck_assert_msg(strcmp(p->name, dcomm__backend_tcp.params[j].name), "%s twice", p->name);
+  }
 }
 END_TEST
 
@@ -334,8 +369,9 @@ START_TEST(test_man_page_lists_all) {
   text[len] = '\0';
   char missing[2048] = "";
   int n_missing = 0;
-  for (int id = 0; id < DCOMM_P_COUNT; id++) {
-    const char *name = dcomm__param_info(id)->name;
+  int total = DCOMM_P_COUNT + backend_param_count();
+  for (int id = 0; id < total; id++) {
+    const char *name = id < DCOMM_P_COUNT ? dcomm__param_info(id)->name : dcomm__backend_tcp.params[id - DCOMM_P_COUNT].name;
     if (has_name(text, name)) continue;
     n_missing++;
     if (strlen(missing) + strlen(name) + 2 < sizeof(missing)) {
@@ -344,8 +380,7 @@ START_TEST(test_man_page_lists_all) {
     }
   }
   free(text);
-  ck_assert_msg(n_missing == 0, "%s does not document %d of %d parameters:%s", path, n_missing, (int)DCOMM_P_COUNT,
-                missing);
+  ck_assert_msg(n_missing == 0, "%s does not document %d of %d parameters:%s", path, n_missing, total, missing);
 }
 END_TEST
 
@@ -356,6 +391,7 @@ static Suite *params_suite(void) {
   tcase_add_test(tc, test_lazy_load);
   tcase_add_test(tc, test_registry_defaults_parse);
   tcase_add_test(tc, test_registry_well_formed);
+  tcase_add_test(tc, test_backend_params);
   tcase_add_test(tc, test_by_name);
   suite_add_tcase(s, tc);
 

@@ -1,5 +1,5 @@
 #!/bin/sh
-# header_c99.sh: checks that the public header src/dcomm.h stands on its own:
+# header_c99.sh: checks that the public header include/dcomm.h stands on its own:
 # it must compile alone as strict C99 (-pedantic -Werror), survive being
 # included twice, and, when a C++ compiler is found, compile as C++11 too.
 # Environment: top_srcdir (default .), CC (default cc), CXX (default g++,
@@ -7,7 +7,7 @@
 
 top_srcdir=${top_srcdir:-.}
 CC=${CC:-cc}
-hdr="$top_srcdir/src/dcomm.h"
+hdr="$top_srcdir/include/dcomm.h"
 
 if [ ! -f "$hdr" ]; then
   echo "header_c99: $hdr not found" >&2

@@ -86,18 +86,13 @@ struct dnccl_caps {
   int group_abort; /* ncclCommAbort may be grouped */
 };
 
-/* Log levels and subsystem number as the core defines them (log.h). */
-#define DNCCL_LOG_ERROR 0
-#define DNCCL_LOG_WARN 1
-#define DNCCL_LOG_INFO 2
-#define DNCCL_LOG_DEBUG 3
-#define DNCCL_SUBSYS 7 /* "nccl" */
+/* Logs under the subsystem the host gave this backend ("nccl"). */
 
 #define DNCCL_LOG(host, lvl, ...)                                               \
   do {                                                                          \
     const struct dcomm_host *dnccl__h = (host);                                 \
-    if (dnccl__h && dnccl__h->log_enabled(DNCCL_LOG_##lvl, DNCCL_SUBSYS))       \
-      dnccl__h->log(DNCCL_LOG_##lvl, DNCCL_SUBSYS, __VA_ARGS__);                \
+    if (dnccl__h && dnccl__h->log_enabled(DCOMM_LOG_##lvl, dnccl__h->log_subsys)) \
+      dnccl__h->log(DCOMM_LOG_##lvl, dnccl__h->log_subsys, __VA_ARGS__);         \
   } while (0)
 
 #define DNCCL_WHY_LEN 768

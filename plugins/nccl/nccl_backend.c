@@ -678,6 +678,13 @@ static int be_async_error(void *comm) {
   return 0;
 }
 
+/* The backend's own parameters (dcomm-info -e lists them; dcomm(7)). */
+static const struct dcomm_backend_param dnccl_params[] = {
+    {"DCOMM_NCCL_SPLIT", "bool", "1",
+     "nccl backend: make sub-groups from the parent group's communicator with ncclCommSplit (NCCL >= 2.18); 0: a new communicator from a unique id through the store."},
+    {NULL, NULL, NULL, NULL},
+};
+
 __attribute__((visibility("default"))) const struct dcomm_backend_v1 dcomm_backend_v1 = {
     .size = sizeof(struct dcomm_backend_v1),
     .abi_version = DCOMM_BACKEND_ABI_VERSION,
@@ -696,4 +703,5 @@ __attribute__((visibility("default"))) const struct dcomm_backend_v1 dcomm_backe
     .comm_set_stream = dnccl_set_stream,
     .comm_split = dnccl_comm_split,
     .host_buffers = be_host_buffers,
+    .params = dnccl_params,
 };

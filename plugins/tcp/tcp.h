@@ -20,16 +20,11 @@
 
 #include "dcomm_plugin.h"
 
-/* Log levels and subsystem numbers as the core defines them. */
-#define TCP_LOG_WARN 1
-#define TCP_LOG_INFO 2
-#define TCP_LOG_DEBUG 3
-#define TCP_SUBSYS 2 /* "tcp" */
-
+/* Logs under the subsystem the host gave this backend ("tcp"). */
 #define TCP_LOG(ctx, lvl, ...)                                                  \
   do {                                                                          \
-    if ((ctx)->host->log_enabled(TCP_LOG_##lvl, TCP_SUBSYS))                    \
-      (ctx)->host->log(TCP_LOG_##lvl, TCP_SUBSYS, __VA_ARGS__);                 \
+    if ((ctx)->host->log_enabled(DCOMM_LOG_##lvl, (ctx)->host->log_subsys))     \
+      (ctx)->host->log(DCOMM_LOG_##lvl, (ctx)->host->log_subsys, __VA_ARGS__);  \
   } while (0)
 
 #define TCP_CHECK(call)                                                         \

@@ -311,6 +311,31 @@ static int tcp_describe(void *ctx, char *buf, size_t len) {
   return 0;
 }
 
+/* The backend's own parameters (dcomm-info -e lists them; dcomm(7)). */
+static const struct dcomm_backend_param tcp_params[] = {
+    {"DCOMM_TCP_CHUNK_SIZE", "size", "262144",
+     "Bytes of incoming data the tcp backend reduces at a time while the rest still arrives (ring and tree reductions over TCP); also the segment size of the pipelined broadcast."},
+    {"DCOMM_TCP_SMALL_THRESHOLD", "size", "262144",
+     "all_reduce messages up to this many bytes use recursive doubling, larger ones the ring; broadcasts: binomial tree, larger ones a pipelined chain."},
+    {"DCOMM_ALGO", "str", "auto",
+     "Force tcp algorithms, comma-separated: auto, ring or rd (all_reduce; also all_reduce=...), broadcast=auto|tree|pipeline."},
+    {"DCOMM_TRANSPORT", "str", "auto",
+     "tcp backend links between members on one host: auto (shared memory when both ends are on one host, else TCP), shm (shared memory only; fails if a member is elsewhere) or tcp."},
+    {"DCOMM_SHM_RING_SIZE", "size", "1048576",
+     "Bytes of each direction's ring of a shared-memory link (rounded up to a power of two, 64 KiB to 256 MiB)."},
+    {"DCOMM_SHM_SPIN", "int", "50",
+     "Microseconds a waiting rank polls shared-memory rings (or, with no shared-memory link, its sockets) before it sleeps in poll() until woken."},
+    {"DCOMM_SHM_CMA_MIN", "size", "16384",
+     "Collective payloads of at least this many bytes on a shared-memory link are copied once, by the receiver from the sender's buffer (process_vm_readv); 0: always through the rings."},
+    {"DCOMM_SHM_CMA_FWD_MIN", "size", "1048576",
+     "The same as DCOMM_SHM_CMA_MIN for data the sender wrote earlier in the same collective (partial sums, forwarded blocks)."},
+    {"DCOMM_TCP_BUFSIZE", "size", "4194304",
+     "Socket send/receive buffer size (bytes) for peer connections; 0 keeps the kernel default."},
+    {"DCOMM_TCP_SHRINK", "str", "1",
+     "tcp backend comm_shrink: 1 (a new mesh among the survivors on the kept listener), 0 (not supported: recovery rebuilds), or fail:PREFIX (a test hook: shrinks of communicators whose label starts with PREFIX fail with DCOMM_EPROTO)."},
+    {NULL, NULL, NULL, NULL},
+};
+
 const struct dcomm_backend_v1 dcomm__backend_tcp = {
     .size = sizeof(struct dcomm_backend_v1),
     .abi_version = DCOMM_BACKEND_ABI_VERSION,
@@ -327,4 +352,5 @@ const struct dcomm_backend_v1 dcomm__backend_tcp = {
     .describe = tcp_describe,
     .comm_shrink = tcp_comm_shrink,
     .run = tcp_run,
+    .params = tcp_params,
 };

@@ -86,20 +86,20 @@ else bad "dcomm_nccl.so does not export dcomm_backend_v1"; fi
 GPU_COLL=$LOGDIR/gpu_coll
 GPU_SHRINK=$LOGDIR/gpu_shrink
 GPU_ELASTIC=$LOGDIR/gpu_elastic
-if timeout "$(left 60)" gcc -I src -I "$CUDA/include" tests/gpu/gpu_coll.c tests/gpu/gpu_nccl_ref.c src/bench_util.c \
+if timeout "$(left 60)" gcc -I include -I tools -I "$CUDA/include" tests/gpu/gpu_coll.c tests/gpu/gpu_nccl_ref.c tools/bench_util.c \
   -L.libs -ldcomm -L"$CUDA/lib64" -lnccl -lcudart -lm -Wl,-rpath,"$PWD/.libs" -Wl,-rpath,"$CUDA/lib64" \
   -o "$GPU_COLL" >"$LOGDIR/compile.log" 2>&1; then
   ok "compile tests/gpu/gpu_coll.c"
 else
   bad "compile tests/gpu/gpu_coll.c"; cat "$LOGDIR/compile.log"; finish
 fi
-if timeout "$(left 60)" gcc -Wall -Wextra -I src -I "$CUDA/include" tests/gpu/gpu_shrink.c -L"$CUDA/lib64" -lcudart \
+if timeout "$(left 60)" gcc -Wall -Wextra -I include -I "$CUDA/include" tests/gpu/gpu_shrink.c -L"$CUDA/lib64" -lcudart \
   -ldl -lpthread -Wl,-rpath,"$CUDA/lib64" -o "$GPU_SHRINK" >>"$LOGDIR/compile.log" 2>&1; then
   ok "compile tests/gpu/gpu_shrink.c"
 else
   bad "compile tests/gpu/gpu_shrink.c"; cat "$LOGDIR/compile.log"; finish
 fi
-if timeout "$(left 60)" gcc -Wall -Wextra -I src -I "$CUDA/include" tests/gpu/gpu_elastic.c -L.libs -ldcomm -L"$CUDA/lib64" \
+if timeout "$(left 60)" gcc -Wall -Wextra -I include -I "$CUDA/include" tests/gpu/gpu_elastic.c -L.libs -ldcomm -L"$CUDA/lib64" \
   -lcudart -Wl,-rpath,"$PWD/.libs" -o "$GPU_ELASTIC" >>"$LOGDIR/compile.log" 2>&1; then
   ok "compile tests/gpu/gpu_elastic.c"
 else

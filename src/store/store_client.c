@@ -1,0 +1,451 @@
+/*
+ * store_client.c: the client side of the embedded TCP store ("tcp" ops).
+ *
+ * One connection per handle and one request in flight at a time (a mutex
+ * serializes threads). Every socket wait is bounded: by the handle's timeout
+ * for set/add/compare_set/delete, by the operation's own timeout for
+ * get/wait, plus DCOMM_STORE_IO_SLACK seconds for the server's answer (the
+ * server itself enforces the operation timeout and answers DCOMM_ETIMEDOUT).
+ * Once the stream fails (lost connection, no answer in time, or the server
+ * announced it closes) the handle is broken and every later call returns
+ * DCOMM_EPEERLOST.
+ */
+#define _GNU_SOURCE
+#include "config.h"
+#include "store.h"
+
+#include <arpa/inet.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "auth.h"
+#include "error.h"
+#include "log.h"
+#include "param.h"
+#include "sock.h"
+#include "store_proto.h"
+
+/* Values up to this size travel in the same send as their request header. */
+#define INLINE_VALUE 16384
+
+struct tcp_store {
+  struct dcomm_store base;
+  pthread_mutex_t mu;
+  int fd;
+  int broken;
+  char where[300]; /* "host:port", for messages */
+};
+
+static const struct dcomm_store_ops tcp_ops;
+
+/* Converts a failed socket call into the handle's failure mode. */
+static int io_failed(struct tcp_store *t, int rc) {
+  t->broken = 1;
+  if (rc == DCOMM_ETIMEDOUT)
+    return dcomm__err(DCOMM_ETIMEDOUT, "store %s did not answer in time (connection dropped)", t->where);
+  return dcomm__err_ctx(DCOMM_EPEERLOST, "lost the connection to the store %s", t->where);
+}
+
+static int check_usable(struct tcp_store *t) {
+  if (t->broken || t->fd < 0)
+    return dcomm__err(DCOMM_EPEERLOST, "the connection to the store %s was lost earlier", t->where);
+  return 0;
+}
+
+/* A growable request buffer; the key bound keeps most frames on the stack. */
+struct frame {
+  unsigned char *p;
+  size_t len, cap;
+  unsigned char small[DCOMM_STORE_PROTO_MAX_KEY + 64 + INLINE_VALUE];
+};
+
+static void frame_init(struct frame *f) {
+  f->p = f->small;
+  f->len = 0;
+  f->cap = sizeof(f->small);
+}
+
+static void frame_free(struct frame *f) {
+  if (f->p != f->small) free(f->p);
+}
+
+static int frame_reserve(struct frame *f, size_t more) {
+  if (f->len + more <= f->cap) return 0;
+  size_t cap = (f->len + more) * 2;
+  unsigned char *p = malloc(cap);
+  if (!p) return dcomm__err(DCOMM_ENOMEM, "store: out of memory building a request");
+  memcpy(p, f->p, f->len);
+  frame_free(f);
+  f->p = p;
+  f->cap = cap;
+  return 0;
+}
+
+/* The caller reserves room first (the initial capacity always holds a
+ * command byte and the fixed fields of any request). */
+static void frame_u8(struct frame *f, uint8_t v) {
+  dcomm__store_put_u8(f->p + f->len, v);
+  f->len += 1;
+}
+
+static void frame_u32(struct frame *f, uint32_t v) {
+  dcomm__store_put_u32(f->p + f->len, v);
+  f->len += 4;
+}
+
+static void frame_u64(struct frame *f, uint64_t v) {
+  dcomm__store_put_u64(f->p + f->len, v);
+  f->len += 8;
+}
+
+static void frame_bytes(struct frame *f, const void *b, size_t n) {
+  if (n) memcpy(f->p + f->len, b, n);
+  f->len += n;
+}
+
+static int frame_str(struct frame *f, const void *b, size_t n) {
+  DCOMM_CHECK(frame_reserve(f, 4 + n));
+  frame_u32(f, (uint32_t)n);
+  frame_bytes(f, b, n);
+  return 0;
+}
+
+static int frame_key(struct frame *f, const char *key) {
+  size_t n = strlen(key);
+  if (n == 0 || n > DCOMM_STORE_PROTO_MAX_KEY)
+    return dcomm__err(DCOMM_EINVAL, "store: key of %zu bytes (1..%d)", n, DCOMM_STORE_PROTO_MAX_KEY);
+  return frame_str(f, key, n);
+}
+
+/* Sends the frame, then a value that was too large to copy into it. */
+static int send_request(struct tcp_store *t, const struct frame *f, const void *tail, size_t tlen, double dl) {
+  int rc = dcomm__sock_send_all(t->fd, f->p, f->len, dl, -1);
+  if (rc == 0 && tlen) rc = dcomm__sock_send_all(t->fd, tail, tlen, dl, -1);
+  return rc < 0 ? io_failed(t, rc) : 0;
+}
+
+static int recv_fixed(struct tcp_store *t, void *buf, size_t n, double dl) {
+  int rc = dcomm__sock_recv_all(t->fd, buf, n, dl, -1);
+  return rc < 0 ? io_failed(t, rc) : 0;
+}
+
+static int is_known_error(int status) {
+  switch (status) {
+#define X(name, value, msg) \
+  case DCOMM_##name:         \
+    return (value) < 0;
+    DCOMM_ERRNO_MAP(X)
+#undef X
+  }
+  return 0;
+}
+
+/* Reads the status; a server error becomes the return value with its text. */
+static int recv_status(struct tcp_store *t, const char *op, double dl) {
+  unsigned char b[4];
+  DCOMM_CHECK(recv_fixed(t, b, 4, dl));
+  int32_t status = (int32_t)dcomm__store_get_u32(b);
+  if (status == 0) return 0;
+  if (!is_known_error(status)) {
+    t->broken = 1;
+    return dcomm__err(DCOMM_EPROTO, "store %s: unknown status %d in the answer to %s", t->where, (int)status, op);
+  }
+  unsigned char h[3];
+  char msg[DCOMM_STORE_MAX_ERRMSG + 1];
+  DCOMM_CHECK(recv_fixed(t, h, 3, dl));
+  uint16_t ml;
+  memcpy(&ml, h + 1, 2);
+  ml = ntohs(ml);
+  if (ml > DCOMM_STORE_MAX_ERRMSG) {
+    t->broken = 1;
+    return dcomm__err(DCOMM_EPROTO, "store %s: oversized error message", t->where);
+  }
+  DCOMM_CHECK(recv_fixed(t, msg, ml, dl));
+  msg[ml] = 0;
+  if (h[0]) t->broken = 1; /* the server drops the connection after this */
+  return dcomm__err(status, "store %s: %s: %s", t->where, op, msg);
+}
+
+/* str payload: bounded by DCOMM_STORE_MAX_VALUE; *out is malloc'd. */
+static int recv_value(struct tcp_store *t, void **out, size_t *len, double dl) {
+  unsigned char b[4];
+  DCOMM_CHECK(recv_fixed(t, b, 4, dl));
+  uint32_t n = dcomm__store_get_u32(b);
+  size_t max = dcomm__param_size(DCOMM_P_STORE_MAX_VALUE);
+  if (n > max) {
+    t->broken = 1;
+    return dcomm__err(DCOMM_EPROTO, "store %s: answer of %u bytes exceeds DCOMM_STORE_MAX_VALUE (%zu)", t->where,
+                      (unsigned)n, max);
+  }
+  void *v = malloc(n ? n : 1);
+  if (!v) {
+    t->broken = 1; /* the unread payload leaves the stream unusable */
+    return dcomm__err(DCOMM_ENOMEM, "store: out of memory for a %u-byte value", (unsigned)n);
+  }
+  int rc = recv_fixed(t, v, n, dl);
+  if (rc < 0) {
+    free(v);
+    return rc;
+  }
+  *out = v;
+  *len = n;
+  return 0;
+}
+
+static double io_deadline(double op_timeout) {
+  if (!(op_timeout >= 0)) op_timeout = 0;
+  return dcomm__now() + op_timeout + DCOMM_STORE_IO_SLACK;
+}
+
+/* ---- ops ---- */
+
+static int tcp_set(struct dcomm_store *s, const char *key, const void *val, size_t len) {
+  struct tcp_store *t = (struct tcp_store *)s;
+  struct frame f;
+  int rc;
+  frame_init(&f);
+  pthread_mutex_lock(&t->mu);
+  if ((rc = check_usable(t)) < 0) goto out;
+  if ((rc = frame_reserve(&f, 1)) < 0) goto out;
+  frame_u8(&f, DCOMM_STORE_CMD_SET);
+  if ((rc = frame_key(&f, key)) < 0) goto out;
+  int inl = len <= INLINE_VALUE;
+  if (inl) rc = frame_str(&f, val, len);
+  else if ((rc = frame_reserve(&f, 4)) == 0) frame_u32(&f, (uint32_t)len);
+  if (rc < 0) goto out;
+  double dl = io_deadline(t->base.timeout);
+  if ((rc = send_request(t, &f, inl ? NULL : val, inl ? 0 : len, dl)) < 0) goto out;
+  rc = recv_status(t, "set", dl);
+out:
+  pthread_mutex_unlock(&t->mu);
+  frame_free(&f);
+  return rc;
+}
+
+static int tcp_get(struct dcomm_store *s, const char *key, double timeout, void **val, size_t *len) {
+  struct tcp_store *t = (struct tcp_store *)s;
+  struct frame f;
+  int rc;
+  frame_init(&f);
+  pthread_mutex_lock(&t->mu);
+  if ((rc = check_usable(t)) < 0) goto out;
+  frame_u8(&f, DCOMM_STORE_CMD_GET);
+  if ((rc = frame_key(&f, key)) < 0) goto out;
+  if ((rc = frame_reserve(&f, 8)) < 0) goto out;
+  frame_u64(&f, dcomm__store_timeout_ms(timeout));
+  double dl = io_deadline(timeout);
+  if ((rc = send_request(t, &f, NULL, 0, dl)) < 0) goto out;
+  if ((rc = recv_status(t, "get", dl)) < 0) goto out;
+  rc = recv_value(t, val, len, dl);
+out:
+  pthread_mutex_unlock(&t->mu);
+  frame_free(&f);
+  return rc;
+}
+
+static int tcp_add(struct dcomm_store *s, const char *key, int64_t delta, int64_t *result) {
+  struct tcp_store *t = (struct tcp_store *)s;
+  struct frame f;
+  unsigned char b[8];
+  int rc;
+  frame_init(&f);
+  pthread_mutex_lock(&t->mu);
+  if ((rc = check_usable(t)) < 0) goto out;
+  frame_u8(&f, DCOMM_STORE_CMD_ADD);
+  if ((rc = frame_key(&f, key)) < 0) goto out;
+  if ((rc = frame_reserve(&f, 8)) < 0) goto out;
+  frame_u64(&f, (uint64_t)delta);
+  double dl = io_deadline(t->base.timeout);
+  if ((rc = send_request(t, &f, NULL, 0, dl)) < 0) goto out;
+  if ((rc = recv_status(t, "add", dl)) < 0) goto out;
+  if ((rc = recv_fixed(t, b, 8, dl)) < 0) goto out;
+  *result = (int64_t)dcomm__store_get_u64(b);
+out:
+  pthread_mutex_unlock(&t->mu);
+  frame_free(&f);
+  return rc;
+}
+
+static int tcp_compare_set(struct dcomm_store *s, const char *key, const void *expected, size_t elen,
+                           const void *desired, size_t dlen, void **current, size_t *clen) {
+  struct tcp_store *t = (struct tcp_store *)s;
+  struct frame f;
+  unsigned char present;
+  int rc;
+  frame_init(&f);
+  *current = NULL;
+  *clen = 0;
+  pthread_mutex_lock(&t->mu);
+  if ((rc = check_usable(t)) < 0) goto out;
+  frame_u8(&f, DCOMM_STORE_CMD_CAS);
+  if ((rc = frame_key(&f, key)) < 0) goto out;
+  if ((rc = frame_reserve(&f, 1)) < 0) goto out;
+  frame_u8(&f, expected ? 1 : 0);
+  if ((rc = frame_str(&f, expected, expected ? elen : 0)) < 0) goto out;
+  if ((rc = frame_str(&f, desired, dlen)) < 0) goto out;
+  double dl = io_deadline(t->base.timeout);
+  if ((rc = send_request(t, &f, NULL, 0, dl)) < 0) goto out;
+  if ((rc = recv_status(t, "compare_set", dl)) < 0) goto out;
+  if ((rc = recv_fixed(t, &present, 1, dl)) < 0) goto out;
+  void *v = NULL;
+  size_t n = 0;
+  if ((rc = recv_value(t, &v, &n, dl)) < 0) goto out;
+  if (present) {
+    *current = v;
+    *clen = n;
+  } else {
+    free(v); /* key absent: *current stays NULL */
+  }
+out:
+  pthread_mutex_unlock(&t->mu);
+  frame_free(&f);
+  return rc;
+}
+
+static int tcp_wait(struct dcomm_store *s, const char *const *keys, int n, double timeout) {
+  struct tcp_store *t = (struct tcp_store *)s;
+  struct frame f;
+  int rc;
+  frame_init(&f);
+  pthread_mutex_lock(&t->mu);
+  if ((rc = check_usable(t)) < 0) goto out;
+  if (n < 0 || n > DCOMM_STORE_MAX_WAIT_KEYS) {
+    rc = dcomm__err(DCOMM_EINVAL, "store wait: %d keys (at most %d)", n, DCOMM_STORE_MAX_WAIT_KEYS);
+    goto out;
+  }
+  frame_u8(&f, DCOMM_STORE_CMD_WAIT);
+  frame_u64(&f, dcomm__store_timeout_ms(timeout));
+  frame_u32(&f, (uint32_t)n);
+  for (int i = 0; i < n; i++)
+    if ((rc = frame_key(&f, keys[i])) < 0) goto out;
+  double dl = io_deadline(timeout);
+  if ((rc = send_request(t, &f, NULL, 0, dl)) < 0) goto out;
+  rc = recv_status(t, "wait", dl);
+out:
+  pthread_mutex_unlock(&t->mu);
+  frame_free(&f);
+  return rc;
+}
+
+static int tcp_txn(struct dcomm_store *s, const struct dcomm_store_cmp *cmps, int ncmp,
+                   const struct dcomm_store_put *puts, int nput, int *done) {
+  struct tcp_store *t = (struct tcp_store *)s;
+  struct frame f;
+  unsigned char b;
+  int rc;
+  frame_init(&f);
+  pthread_mutex_lock(&t->mu);
+  if ((rc = check_usable(t)) < 0) goto out;
+  frame_u8(&f, DCOMM_STORE_CMD_TXN);
+  frame_u8(&f, (uint8_t)ncmp);
+  for (int i = 0; i < ncmp; i++) {
+    if ((rc = frame_reserve(&f, 1)) < 0) goto out;
+    frame_u8(&f, (uint8_t)cmps[i].kind);
+    if ((rc = frame_key(&f, cmps[i].key)) < 0) goto out;
+    if ((rc = frame_str(&f, cmps[i].val, cmps[i].len)) < 0) goto out;
+  }
+  if ((rc = frame_reserve(&f, 1)) < 0) goto out;
+  frame_u8(&f, (uint8_t)nput);
+  for (int i = 0; i < nput; i++) {
+    if ((rc = frame_key(&f, puts[i].key)) < 0) goto out;
+    if ((rc = frame_str(&f, puts[i].val, puts[i].len)) < 0) goto out;
+  }
+  double dl = io_deadline(t->base.timeout);
+  if ((rc = send_request(t, &f, NULL, 0, dl)) < 0) goto out;
+  if ((rc = recv_status(t, "txn", dl)) < 0) goto out;
+  if ((rc = recv_fixed(t, &b, 1, dl)) < 0) goto out;
+  *done = b != 0;
+out:
+  pthread_mutex_unlock(&t->mu);
+  frame_free(&f);
+  return rc;
+}
+
+static int tcp_del(struct dcomm_store *s, const char *key, int *existed) {
+  struct tcp_store *t = (struct tcp_store *)s;
+  struct frame f;
+  unsigned char b;
+  int rc;
+  frame_init(&f);
+  pthread_mutex_lock(&t->mu);
+  if ((rc = check_usable(t)) < 0) goto out;
+  frame_u8(&f, DCOMM_STORE_CMD_DEL);
+  if ((rc = frame_key(&f, key)) < 0) goto out;
+  double dl = io_deadline(t->base.timeout);
+  if ((rc = send_request(t, &f, NULL, 0, dl)) < 0) goto out;
+  if ((rc = recv_status(t, "delete", dl)) < 0) goto out;
+  if ((rc = recv_fixed(t, &b, 1, dl)) < 0) goto out;
+  *existed = b != 0;
+out:
+  pthread_mutex_unlock(&t->mu);
+  frame_free(&f);
+  return rc;
+}
+
+static void tcp_close(struct dcomm_store *s) {
+  struct tcp_store *t = (struct tcp_store *)s;
+  if (t->fd >= 0) close(t->fd);
+  pthread_mutex_destroy(&t->mu);
+  free(t);
+}
+
+static const struct dcomm_store_ops tcp_ops = {
+    .name = "tcp",
+    .set = tcp_set,
+    .get = tcp_get,
+    .add = tcp_add,
+    .compare_set = tcp_compare_set,
+    .wait = tcp_wait,
+    .txn = tcp_txn,
+    .del = tcp_del,
+    .close = tcp_close,
+};
+
+int dcomm__store_tcp_connect(const char *host, int port, const char *job_id, const char *token,
+                             double connect_timeout, double timeout, struct dcomm_store **out) {
+  if (!out) return dcomm__err(DCOMM_EINVAL, "store connect: NULL output argument");
+  *out = NULL;
+  if (!host || !*host || !job_id) return dcomm__err(DCOMM_EINVAL, "store connect: NULL host or job id");
+  if (port <= 0 || port > 65535) return dcomm__err(DCOMM_EINVAL, "store connect: port %d out of range", port);
+  if (!(connect_timeout >= 0) || !(timeout >= 0))
+    return dcomm__err(DCOMM_EINVAL, "store connect: negative or NaN timeout");
+  struct tcp_store *t = calloc(1, sizeof(*t));
+  if (!t) return dcomm__err(DCOMM_ENOMEM, "store connect: out of memory");
+  t->base.ops = &tcp_ops;
+  t->base.timeout = timeout;
+  t->fd = -1;
+  snprintf(t->where, sizeof(t->where), "%s:%d", host, port);
+  pthread_mutex_init(&t->mu, NULL);
+  double deadline = dcomm__now() + connect_timeout;
+  int rc = dcomm__sock_connect(host, port, deadline, &t->fd);
+  if (rc == 0) {
+    dcomm__sock_tune(t->fd, 0);
+    /* The server allows DCOMM_STORE_HS_TIMEOUT for the handshake; so do we,
+     * even when connecting used up most of connect_timeout. */
+    double hs_deadline = dcomm__now() + DCOMM_STORE_HS_TIMEOUT;
+    if (hs_deadline < deadline) hs_deadline = deadline;
+    rc = dcomm__hs_client(t->fd, job_id, token, DCOMM_HS_STORE, NULL, 0, hs_deadline);
+    if (rc == DCOMM_EPEERLOST) rc = dcomm__err_ctx(rc, "store %s closed the connection during the handshake", t->where);
+  }
+  if (rc < 0) {
+    tcp_close(&t->base);
+    return rc;
+  }
+  DCOMM_LOG(INFO, STORE, "connected to the store at %s", t->where);
+  *out = &t->base;
+  return 0;
+}
+
+int dcomm__store_tcp_local_ip(struct dcomm_store *s, char *buf, size_t len) {
+  if (!s || s->ops != &tcp_ops || !buf || !len)
+    return dcomm__err(DCOMM_EINVAL, "store local ip: not a tcp store handle");
+  struct tcp_store *t = (struct tcp_store *)s;
+  pthread_mutex_lock(&t->mu);
+  int rc = t->fd >= 0 ? dcomm__sock_local_ip(t->fd, buf, len)
+                      : dcomm__err(DCOMM_EPEERLOST, "store %s: no connection", t->where);
+  pthread_mutex_unlock(&t->mu);
+  return rc;
+}
