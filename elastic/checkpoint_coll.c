@@ -3,7 +3,7 @@
  * the collectives dcomm_checkpoint_save and dcomm_checkpoint_load.
  *
  * A checkpoint counts once it is committed: rank 0 writes the file, then
- * sets its record (checkpoint.h) under ckpt/commit/<hash of the directory>
+ * sets its record (checkpoint_file.h) under ckpt/commit/<hash of the directory>
  * in the job's store with a guarded write (in elastic mode: elastic/gen
  * still holds this generation and it is not revoked), then adds the record
  * to the directory's COMMITTED list. A fenced rank 0 (its generation ended

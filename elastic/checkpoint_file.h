@@ -4,7 +4,7 @@
  * fsync and an atomic rename; the file counts only once it is committed: a
  * record naming it (and its CRCs) in <dir>/COMMITTED, written after the job's
  * store accepted the same record from a writer of the current generation
- * (elastic_run.c). A crash at any point leaves the last committed checkpoint
+ * (checkpoint_coll.c). A crash at any point leaves the last committed checkpoint
  * readable; readers take the newest committed record whose file is intact
  * and never read a file that no record names.
  *

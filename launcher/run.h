@@ -1,5 +1,5 @@
 /*
- * run.h: what the parts of dcomm-run (the launcher/agent, elastic/dcomm_run.c)
+ * run.h: what the parts of dcomm-run (the launcher/agent, launcher/dcomm_run.c)
  * share: the parsed command line (run_args.c), and the worker processes with
  * their prefixed output streams (run_proc.c). Internal to the program.
  */

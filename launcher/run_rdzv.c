@@ -13,7 +13,7 @@
  *     ended: the node died or lost etcd) and that node did not leave
  *     cleanly (rdzv/left/<slot>), it revokes the current generation, so the
  *     workers abort at once instead of waiting for a socket timeout.
- * The rounds themselves (who is in the next world) are elastic/recovery.c,
+ * The rounds themselves (who is in the next world) are elastic/rounds.c,
  * run by the workers over the etcd store; they read the records.
  * Self-fencing: the agent measures on CLOCK_MONOTONIC the time since it
  * sent its last renewal that etcd answered. Once that passes the TTL less
@@ -24,7 +24,7 @@
  * and is out of the job: run_rdzv_lost says so and dcomm-run exits 1. By
  * the time the other nodes see this node's record gone, its workers are
  * dead; what they wrote while frozen is refused by the guarded writes of
- * recovery.c and elastic_run.c.
+ * rounds.c and checkpoint_coll.c.
  */
 #include "config.h"
 #include "run.h"

@@ -1,6 +1,6 @@
 /*
  * check_params.c: unit tests for the typed parameter registry (src/param.c
- * and src/params.def): defaults, parsing of each type from the environment,
+ * and src/util/params.def): defaults, parsing of each type from the environment,
  * errors that name the bad variable, the registry's own consistency, and
  * that dcomm(7) documents every parameter.
  *

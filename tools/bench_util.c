@@ -1,5 +1,5 @@
 /*
- * bench_util.c: the part dcomm-bench (src/dcomm_bench.c) and its MPI twin
+ * bench_util.c: the part dcomm-bench (tools/dcomm_bench.c) and its MPI twin
  * (tests/perf/mpi_bench.c) share: option parsing, size steps, the input
  * pattern and its check, bus bandwidth and the output rows; and the dtype
  * element access the tests use too. No libdcomm or MPI call: see

@@ -1,6 +1,6 @@
 /*
  * bench_util.h: what the collective benchmarks dcomm-bench
- * (src/dcomm_bench.c) and its MPI twin (tests/perf/mpi_bench.c) share: the
+ * (tools/dcomm_bench.c) and its MPI twin (tests/perf/mpi_bench.c) share: the
  * options, the size steps, the checked input pattern, nccl-tests' bus
  * bandwidth factors, the measurement loop and the output rows; and the
  * element access for every dtype that the tests use too (tests/check_coll.c,

@@ -11,6 +11,24 @@
 #include "config.h"
 #include "etcd_internal.h"
 
+#include <stdlib.h>
+#include <string.h>
+
+/* The kv records every answer is decoded into (built with or without etcd:
+ * the header's callers free them either way). */
+void dcomm__etcd_kv_clear(struct dcomm_etcd_kv *kv) {
+  if (!kv) return;
+  free(kv->key);
+  free(kv->val);
+  memset(kv, 0, sizeof(*kv));
+}
+
+void dcomm__etcd_kvs_free(struct dcomm_etcd_kv *kvs, size_t n) {
+  if (!kvs) return;
+  for (size_t i = 0; i < n; i++) dcomm__etcd_kv_clear(&kvs[i]);
+  free(kvs);
+}
+
 #ifdef DCOMM_HAVE_ETCD
 
 #include <errno.h>
@@ -280,4 +298,4 @@ int etcd__parse_error_body(json_t *j, int *code, char *msg, size_t mlen) {
   return 0;
 }
 
-#endif /* DCOMM_HAVE_ETCD; without it nothing here is used */
+#endif /* DCOMM_HAVE_ETCD */

@@ -21,19 +21,6 @@
 
 #include <jansson.h>
 
-void dcomm__etcd_kv_clear(struct dcomm_etcd_kv *kv) {
-  if (!kv) return;
-  free(kv->key);
-  free(kv->val);
-  memset(kv, 0, sizeof(*kv));
-}
-
-void dcomm__etcd_kvs_free(struct dcomm_etcd_kv *kvs, size_t n) {
-  if (!kvs) return;
-  for (size_t i = 0; i < n; i++) dcomm__etcd_kv_clear(&kvs[i]);
-  free(kvs);
-}
-
 /* ---- KV ---- */
 
 static int check_key(struct dcomm_etcd *c, const char *key, const char *what) {
@@ -204,18 +191,15 @@ int dcomm__etcd_cas(struct dcomm_etcd *c, const char *key, int64_t mod_revision,
                     done, current);
 }
 
-/* if (key's mod_revision == mod_revision) ops, nothing otherwise; *done
- * says which. Consumes ops (an array of request objects, NULL when
- * building it failed). */
-static int txn_ops_if_mod(struct dcomm_etcd *c, const char *what, const char *key, int64_t mod_revision, json_t *ops,
-                          int *done) {
-  json_t *cmp = etcd__cmp_i64("MOD", "mod_revision", mod_revision);
+/* Sends {compare: cl, success: ops} and reads whether it succeeded into
+ * *done. Consumes cl and ops (NULL when building them failed). */
+static int run_txn(struct dcomm_etcd *c, const char *what, json_t *cl, json_t *ops, int *done) {
   json_t *req = NULL;
-  if (ops && cmp && etcd__jset_b64(cmp, "key", key, strlen(key)) == 0) {
-    req = json_pack("{s:[o], s:o}", "compare", cmp, "success", ops);
-    cmp = ops = NULL; /* json_pack's "o" took them, even on failure */
+  if (cl && ops) {
+    req = json_pack("{s:o, s:o}", "compare", cl, "success", ops);
+    cl = ops = NULL; /* json_pack's "o" took them, even on failure */
   }
-  json_decref(cmp);
+  json_decref(cl);
   json_decref(ops);
   json_t *resp;
   DCOMM_CHECK(etcd__call(c, what, "/v3/kv/txn", req, -1, 0, &resp));
@@ -224,6 +208,23 @@ static int txn_ops_if_mod(struct dcomm_etcd *c, const char *what, const char *ke
   json_decref(resp);
   if (rc == 0 && done) *done = ok;
   return rc;
+}
+
+/* if (key's mod_revision == mod_revision) ops, nothing otherwise; *done
+ * says which. Consumes ops (an array of request objects, NULL when
+ * building it failed). */
+static int txn_ops_if_mod(struct dcomm_etcd *c, const char *what, const char *key, int64_t mod_revision, json_t *ops,
+                          int *done) {
+  json_t *cmp = etcd__cmp_i64("MOD", "mod_revision", mod_revision), *cl = json_array();
+  if (cmp && etcd__jset_b64(cmp, "key", key, strlen(key)) != 0) {
+    json_decref(cmp);
+    cmp = NULL;
+  }
+  if (cl && (!cmp || json_array_append_new(cl, cmp) != 0)) {
+    json_decref(cl);
+    cl = NULL;
+  }
+  return run_txn(c, what, cl, ops, done);
 }
 
 /* The request_put objects of puts, as an array (NULL: building failed). */
@@ -290,25 +291,13 @@ int dcomm__etcd_txn(struct dcomm_etcd *c, const struct dcomm_etcd_cmp *cmps, siz
     if (cmps[i].kind < DCOMM_STORE_ABSENT || cmps[i].kind > DCOMM_STORE_EQUAL || (cmps[i].len && !cmps[i].val))
       return dcomm__err(DCOMM_EINVAL, "etcd %s: compare %zu is malformed", what, i);
   }
-  json_t *cl = json_array(), *ops = put_ops(puts, nput), *req = NULL;
+  json_t *cl = json_array();
   for (size_t i = 0; i < ncmp && cl; i++)
     if (json_array_append_new(cl, cmp_obj(&cmps[i])) != 0) {
       json_decref(cl);
       cl = NULL;
     }
-  if (cl && ops) {
-    req = json_pack("{s:o, s:o}", "compare", cl, "success", ops);
-    cl = ops = NULL; /* json_pack's "o" took them, even on failure */
-  }
-  json_decref(cl);
-  json_decref(ops);
-  json_t *resp;
-  DCOMM_CHECK(etcd__call(c, what, "/v3/kv/txn", req, -1, 0, &resp));
-  int ok = 0;
-  int rc = etcd__j_bool(resp, "succeeded", &ok, what);
-  json_decref(resp);
-  if (rc == 0 && done) *done = ok;
-  return rc;
+  return run_txn(c, what, cl, put_ops(puts, nput), done);
 }
 
 int dcomm__etcd_delete_prefix_if(struct dcomm_etcd *c, const char *prefix, const char *key, int64_t mod_revision,
@@ -335,17 +324,6 @@ int dcomm__etcd_cas_value(struct dcomm_etcd *c, const char *key, const void *exp
 
 #else /* !DCOMM_HAVE_ETCD */
 
-void dcomm__etcd_kv_clear(struct dcomm_etcd_kv *kv) {
-  if (kv) {
-    free(kv->key);
-    free(kv->val);
-    memset(kv, 0, sizeof(*kv));
-  }
-}
-void dcomm__etcd_kvs_free(struct dcomm_etcd_kv *kvs, size_t n) {
-  for (size_t i = 0; kvs && i < n; i++) dcomm__etcd_kv_clear(&kvs[i]);
-  free(kvs);
-}
 int dcomm__etcd_put(struct dcomm_etcd *c, const char *key, const void *val, size_t len, int64_t lease,
                     int64_t *revision) {
   (void)c, (void)key, (void)val, (void)len, (void)lease, (void)revision;

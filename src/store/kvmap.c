@@ -11,7 +11,7 @@
 #include "dcomm.h"
 #include "hash.h"
 
-/* The project's one FNV-1a (runtime.c), unseeded. */
+/* The project's one FNV-1a (util/hash.c), unseeded. */
 static uint64_t hash_key(const char *k, size_t n) { return dcomm__hash64(0, k, n); }
 
 struct dcomm_kv *dcomm__kvmap_find(const struct dcomm_kvmap *m, const char *k, size_t kl) {

@@ -56,13 +56,13 @@ if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
   echo "compare-mpi: mpicc and mpirun are needed (Open MPI)"
   exit 1
 fi
-if [ ! -x ./dcomm-bench ] || [ src/dcomm_bench.c -nt ./dcomm-bench ] || [ src/bench_util.c -nt ./dcomm-bench ]; then
-  echo "build: gcc -std=gnu11 -O2 -I. -Isrc src/dcomm_bench.c src/bench_util.c src/bench_cuda.c -L.libs -ldcomm -Wl,-rpath,\$PWD/.libs -lm -ldl -o dcomm-bench"
-  gcc -std=gnu11 -O2 -I. -Isrc src/dcomm_bench.c src/bench_util.c src/bench_cuda.c -L.libs -ldcomm "-Wl,-rpath,$PWD/.libs" -lm -ldl -o dcomm-bench ||
+if [ ! -x ./dcomm-bench ] || [ tools/dcomm_bench.c -nt ./dcomm-bench ] || [ tools/bench_util.c -nt ./dcomm-bench ]; then
+  echo "build: gcc -std=gnu11 -O2 -I. -Iinclude -Itools tools/dcomm_bench.c tools/bench_util.c tools/bench_cuda.c -L.libs -ldcomm -Wl,-rpath,\$PWD/.libs -lm -ldl -o dcomm-bench"
+  gcc -std=gnu11 -O2 -I. -Iinclude -Itools tools/dcomm_bench.c tools/bench_util.c tools/bench_cuda.c -L.libs -ldcomm "-Wl,-rpath,$PWD/.libs" -lm -ldl -o dcomm-bench ||
     { echo "compare-mpi: cannot build dcomm-bench"; exit 1; }
 fi
-echo "build: mpicc -std=gnu11 -O2 -Isrc tests/perf/mpi_bench.c src/bench_util.c -lm -o tests/perf/mpi_bench"
-mpicc -std=gnu11 -O2 -Isrc tests/perf/mpi_bench.c src/bench_util.c -lm -o tests/perf/mpi_bench || { echo "compare-mpi: cannot build mpi_bench"; exit 1; }
+echo "build: mpicc -std=gnu11 -O2 -Itools tests/perf/mpi_bench.c tools/bench_util.c -lm -o tests/perf/mpi_bench"
+mpicc -std=gnu11 -O2 -Itools tests/perf/mpi_bench.c tools/bench_util.c -lm -o tests/perf/mpi_bench || { echo "compare-mpi: cannot build mpi_bench"; exit 1; }
 
 echo
 echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'); $(uname -sr)"

@@ -1,5 +1,5 @@
 /*
- * mpi_bench.c: the MPI twin of dcomm-bench (src/dcomm_bench.c), used by
+ * mpi_bench.c: the MPI twin of dcomm-bench (tools/dcomm_bench.c), used by
  * tests/perf/compare-mpi.sh to put dcomm's tcp backend next to Open MPI on
  * the same machine. Same flags, same measurement, same output:
  *
@@ -15,8 +15,8 @@
  * float16 and bfloat16 have no MPI datatype and are refused.
  *
  * The options, the pattern, the loop and the rows are dcomm-bench's own
- * (src/bench_util.c, which calls no dcomm function):
- *   mpicc -O2 -Isrc tests/perf/mpi_bench.c src/bench_util.c -lm -o tests/perf/mpi_bench
+ * (tools/bench_util.c, which calls no dcomm function):
+ *   mpicc -O2 -Itools tests/perf/mpi_bench.c tools/bench_util.c -lm -o tests/perf/mpi_bench
  *   mpirun --allow-run-as-root --oversubscribe -np 4 tests/perf/mpi_bench -o all_reduce -b 8 -e 64M -f 4
  *
  * Exit status: 0 success, 1 an MPI call failed or a result was wrong,

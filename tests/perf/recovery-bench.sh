@@ -22,9 +22,9 @@ NPROC=4
 probe=/tmp/recovery_probe
 
 [ -x ./dcomm-run ] && [ -e .libs/libdcomm.so ] || { echo "recovery-bench: build dcomm first (./dcomm-run, .libs/libdcomm.so)"; exit 1; }
-build="cc -O2 -I src tests/perf/recovery_probe.c -L .libs -ldcomm -Wl,-rpath,$PWD/.libs -o $probe"  # printed as run
+build="cc -O2 -I include tests/perf/recovery_probe.c -L .libs -ldcomm -Wl,-rpath,$PWD/.libs -o $probe"  # printed as run
 echo "build: $build"
-cc -O2 -I src tests/perf/recovery_probe.c -L .libs -ldcomm "-Wl,-rpath,$PWD/.libs" -o "$probe" || { echo "recovery-bench: cannot build the probe"; exit 1; }
+cc -O2 -I include tests/perf/recovery_probe.c -L .libs -ldcomm "-Wl,-rpath,$PWD/.libs" -o "$probe" || { echo "recovery-bench: cannot build the probe"; exit 1; }
 
 work=$(mktemp -d /tmp/dcomm-recovery.XXXXXX)
 trap 'rm -rf "$work"' EXIT

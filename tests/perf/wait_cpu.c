@@ -4,7 +4,7 @@
  * first. Each waiting rank prints the CPU time (user + system, getrusage)
  * its barrier cost against the wall time it waited. Public API only; run it
  * under dcomm-run, e.g.
- *   cc -O2 -I src tests/perf/wait_cpu.c -L .libs -ldcomm -Wl,-rpath,$PWD/.libs -o /tmp/wait_cpu
+ *   cc -O2 -I include tests/perf/wait_cpu.c -L .libs -ldcomm -Wl,-rpath,$PWD/.libs -o /tmp/wait_cpu
  *   ./dcomm-run --nproc-per-node 4 -- /tmp/wait_cpu
  */
 #include <stdio.h>
