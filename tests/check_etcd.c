@@ -505,6 +505,184 @@ START_TEST(test_txn) {
 }
 END_TEST
 
+/* dcomm__etcd_txn that must succeed as a call; returns done. */
+#define ETXN(c, cmps, nc, puts, np) etxn_at(__LINE__, c, cmps, nc, puts, np)
+static int etxn_at(int line, struct dcomm_etcd *c, const struct dcomm_etcd_cmp *cmps, size_t nc,
+                   const struct dcomm_etcd_put *puts, size_t np) {
+  int done = -1;
+  int rc = dcomm__etcd_txn(c, cmps, nc, puts, np, &done);
+  ck_assert_msg(rc == 0, "line %d: txn -> %d (%s): %s", line, rc, dcomm_error_name(rc), dcomm_last_error());
+  ck_assert_msg(done == 0 || done == 1, "line %d: txn done is %d", line, done);
+  return done;
+}
+
+/* The value of key (raw client), or absent when want is NULL. */
+#define EXPECT_KEY(c, key, want) expect_key_at(__LINE__, c, key, want)
+static void expect_key_at(int line, struct dcomm_etcd *c, const char *key, const char *want) {
+  struct dcomm_etcd_kv kv;
+  int rc = dcomm__etcd_get(c, key, -1, &kv, NULL);
+  if (!want) {
+    ck_assert_msg(rc == DCOMM_ENOTFOUND, "line %d: '%s' should be absent, get -> %d", line, key, rc);
+    return;
+  }
+  ck_assert_msg(rc == 0, "line %d: get '%s' -> %d (%s)", line, key, rc, dcomm_last_error());
+  ck_assert_msg(kv.vlen == strlen(want) && memcmp(kv.val, want, kv.vlen) == 0, "line %d: '%s' is '%s', expected '%s'",
+                line, key, (char *)kv.val, want);
+  dcomm__etcd_kv_clear(&kv);
+}
+
+START_TEST(test_txn_compares) {
+  struct dcomm_etcd *c = client(g_ep_single, 5);
+  /* ABSENT holds, then fails; two puts land together. */
+  struct dcomm_etcd_cmp absent = {"/t/gt/a", DCOMM_STORE_ABSENT, NULL, 0};
+  struct dcomm_etcd_put ab[2] = {{"/t/gt/a", "1", 1, 0}, {"/t/gt/b", "2", 1, 0}};
+  struct dcomm_etcd_put pc = {"/t/gt/c", "3", 1, 0};
+  ck_assert_int_eq(ETXN(c, &absent, 1, ab, 2), 1);
+  EXPECT_KEY(c, "/t/gt/a", "1");
+  EXPECT_KEY(c, "/t/gt/b", "2");
+  ck_assert_int_eq(ETXN(c, &absent, 1, &pc, 1), 0);
+  EXPECT_KEY(c, "/t/gt/c", NULL);
+  /* EXISTS holds on a present key, fails on an absent one. */
+  struct dcomm_etcd_cmp exists = {"/t/gt/a", DCOMM_STORE_EXISTS, NULL, 0};
+  struct dcomm_etcd_cmp exists_not = {"/t/gt/none", DCOMM_STORE_EXISTS, NULL, 0};
+  ck_assert_int_eq(ETXN(c, &exists_not, 1, &pc, 1), 0);
+  EXPECT_KEY(c, "/t/gt/c", NULL);
+  ck_assert_int_eq(ETXN(c, &exists, 1, &pc, 1), 1);
+  EXPECT_KEY(c, "/t/gt/c", "3");
+  /* EQUAL: exact bytes and length; absent is not "empty". */
+  struct dcomm_etcd_put pd = {"/t/gt/d", "4", 1, 0};
+  struct dcomm_etcd_cmp miss[] = {{"/t/gt/a", DCOMM_STORE_EQUAL, "2", 1},  {"/t/gt/a", DCOMM_STORE_EQUAL, "11", 2},
+                                  {"/t/gt/a", DCOMM_STORE_EQUAL, "", 0},   {"/t/gt/a", DCOMM_STORE_EQUAL, NULL, 0},
+                                  {"/t/gt/none", DCOMM_STORE_EQUAL, "", 0}, {"/t/gt/none", DCOMM_STORE_EQUAL, "1", 1}};
+  for (size_t i = 0; i < sizeof(miss) / sizeof(miss[0]); i++) {
+    ck_assert_msg(ETXN(c, &miss[i], 1, &pd, 1) == 0, "EQUAL compare %zu held", i);
+    EXPECT_KEY(c, "/t/gt/d", NULL);
+  }
+  struct dcomm_etcd_cmp eq = {"/t/gt/a", DCOMM_STORE_EQUAL, "1", 1};
+  ck_assert_int_eq(ETXN(c, &eq, 1, &pd, 1), 1);
+  EXPECT_KEY(c, "/t/gt/d", "4");
+  /* An empty value: exists, equals "" (with or without a buffer), not "x". */
+  OK(dcomm__etcd_put(c, "/t/gt/e", "", 0, 0, NULL));
+  struct dcomm_etcd_cmp e_eq = {"/t/gt/e", DCOMM_STORE_EQUAL, "", 0}, e_eq0 = {"/t/gt/e", DCOMM_STORE_EQUAL, NULL, 0};
+  struct dcomm_etcd_cmp e_x = {"/t/gt/e", DCOMM_STORE_EQUAL, "x", 1}, e_ab = {"/t/gt/e", DCOMM_STORE_ABSENT, NULL, 0};
+  struct dcomm_etcd_cmp e_ex = {"/t/gt/e", DCOMM_STORE_EXISTS, NULL, 0};
+  struct dcomm_etcd_put pe = {"/t/gt/e-seen", "y", 1, 0};
+  ck_assert_int_eq(ETXN(c, &e_x, 1, &pe, 1), 0);
+  ck_assert_int_eq(ETXN(c, &e_ab, 1, &pe, 1), 0);
+  EXPECT_KEY(c, "/t/gt/e-seen", NULL);
+  ck_assert_int_eq(ETXN(c, &e_eq, 1, &pe, 1), 1);
+  OK(dcomm__etcd_delete(c, "/t/gt/e-seen", 0, NULL));
+  ck_assert_int_eq(ETXN(c, &e_eq0, 1, &pe, 1), 1);
+  OK(dcomm__etcd_delete(c, "/t/gt/e-seen", 0, NULL));
+  ck_assert_int_eq(ETXN(c, &e_ex, 1, &pe, 1), 1);
+  EXPECT_KEY(c, "/t/gt/e-seen", "y");
+  /* Binary values with NUL bytes compare in full. */
+  const char bin[] = {'g', 0, 'x', 0, (char)0xff}, bin2[] = {'g', 0, 'y', 0, (char)0xff};
+  OK(dcomm__etcd_put(c, "/t/gt/bin", bin, sizeof(bin), 0, NULL));
+  struct dcomm_etcd_cmp bq2 = {"/t/gt/bin", DCOMM_STORE_EQUAL, bin2, sizeof(bin2)};
+  struct dcomm_etcd_cmp bq = {"/t/gt/bin", DCOMM_STORE_EQUAL, bin, sizeof(bin)};
+  struct dcomm_etcd_put pb = {"/t/gt/bin-ok", "1", 1, 0};
+  ck_assert_int_eq(ETXN(c, &bq2, 1, &pb, 1), 0);
+  ck_assert_int_eq(ETXN(c, &bq, 1, &pb, 1), 1);
+  /* Several compares: one failing, wherever it is, stops every put. */
+  struct dcomm_etcd_cmp good[4] = {{"/t/gt/a", DCOMM_STORE_EQUAL, "1", 1},
+                                   {"/t/gt/b", DCOMM_STORE_EXISTS, NULL, 0},
+                                   {"/t/gt/plan", DCOMM_STORE_ABSENT, NULL, 0},
+                                   {"/t/gt/e", DCOMM_STORE_EQUAL, "", 0}};
+  const struct dcomm_etcd_cmp bad[4] = {{"/t/gt/a", DCOMM_STORE_EQUAL, "0", 1},
+                                        {"/t/gt/none", DCOMM_STORE_EXISTS, NULL, 0},
+                                        {"/t/gt/b", DCOMM_STORE_ABSENT, NULL, 0},
+                                        {"/t/gt/e", DCOMM_STORE_EQUAL, "e", 1}};
+  struct dcomm_etcd_put step[3] = {{"/t/gt/a", "2", 1, 0}, {"/t/gt/plan", "p", 1, 0}, {"/t/gt/x", "x", 1, 0}};
+  for (int i = 0; i < 4; i++) {
+    struct dcomm_etcd_cmp m[4];
+    memcpy(m, good, sizeof(m));
+    m[i] = bad[i];
+    ck_assert_msg(ETXN(c, m, 4, step, 3) == 0, "txn with compare %d failing wrote", i);
+    EXPECT_KEY(c, "/t/gt/a", "1");
+    EXPECT_KEY(c, "/t/gt/plan", NULL);
+    EXPECT_KEY(c, "/t/gt/x", NULL);
+  }
+  ck_assert_int_eq(ETXN(c, good, 4, step, 3), 1);
+  EXPECT_KEY(c, "/t/gt/a", "2");
+  EXPECT_KEY(c, "/t/gt/plan", "p");
+  EXPECT_KEY(c, "/t/gt/x", "x");
+  ck_assert_int_eq(ETXN(c, good, 4, step, 3), 0); /* a moved on, plan exists */
+  /* No compare: the puts just happen. */
+  struct dcomm_etcd_put pf = {"/t/gt/free", "f", 1, 0};
+  ck_assert_int_eq(ETXN(c, NULL, 0, &pf, 1), 1);
+  EXPECT_KEY(c, "/t/gt/free", "f");
+  /* Malformed requests: refused before anything is sent. */
+  int done = -1;
+  EXPECT_RC(DCOMM_EINVAL, dcomm__etcd_txn(c, &absent, 1, &pc, 0, &done));
+  ck_assert_int_eq(done, 0);
+  EXPECT_RC(DCOMM_EINVAL, dcomm__etcd_txn(c, &absent, 1, NULL, 1, &done));
+  struct dcomm_etcd_cmp badk = {"/t/gt/a", 3, NULL, 0};
+  EXPECT_RC(DCOMM_EINVAL, dcomm__etcd_txn(c, &badk, 1, &pf, 1, &done));
+  badk.kind = -1;
+  EXPECT_RC(DCOMM_EINVAL, dcomm__etcd_txn(c, &badk, 1, &pf, 1, &done));
+  struct dcomm_etcd_cmp nokey = {"", DCOMM_STORE_EXISTS, NULL, 0}, nullval = {"/t/gt/a", DCOMM_STORE_EQUAL, NULL, 2};
+  EXPECT_RC(DCOMM_EINVAL, dcomm__etcd_txn(c, &nokey, 1, &pf, 1, &done));
+  EXPECT_RC(DCOMM_EINVAL, dcomm__etcd_txn(c, &nullval, 1, &pf, 1, &done));
+  struct dcomm_etcd_put noput = {"", "v", 1, 0}, nullput = {"/t/gt/np", NULL, 3, 0};
+  EXPECT_RC(DCOMM_EINVAL, dcomm__etcd_txn(c, NULL, 0, &noput, 1, &done));
+  EXPECT_RC(DCOMM_EINVAL, dcomm__etcd_txn(c, NULL, 0, &nullput, 1, &done));
+  EXPECT_RC(DCOMM_EINVAL, dcomm__etcd_txn(NULL, NULL, 0, &pf, 1, &done));
+  ck_assert_int_eq(done, 0);
+  EXPECT_KEY(c, "/t/gt/np", NULL);
+  OK(dcomm__etcd_delete(c, "/t/gt/", 1, NULL));
+  dcomm__etcd_destroy(c);
+}
+END_TEST
+
+START_TEST(test_txn_lease_fencing) {
+  /* A node's record lives under its lease; a member checks "my node's
+   * record EXISTS" in the same txn as its write. Once the lease is revoked
+   * (the node was fenced) the compare fails and nothing is written. */
+  struct dcomm_etcd *c = client(g_ep_single, 5);
+  int64_t id = 0;
+  OK(dcomm__etcd_lease_grant(c, 30, &id, NULL));
+  OK(dcomm__etcd_put(c, "/t/gf/node/n1", "up", 2, id, NULL));
+  OK(dcomm__etcd_put(c, "/t/gf/gen", "4", 1, 0, NULL));
+  struct dcomm_etcd_cmp guard[2] = {{"/t/gf/gen", DCOMM_STORE_EQUAL, "4", 1},
+                                    {"/t/gf/node/n1", DCOMM_STORE_EXISTS, NULL, 0}};
+  struct dcomm_etcd_put step[2] = {{"/t/gf/gen", "5", 1, 0}, {"/t/gf/plan/5", "p5", 2, 0}};
+  ck_assert_int_eq(ETXN(c, guard, 2, step, 2), 1);
+  EXPECT_KEY(c, "/t/gf/plan/5", "p5");
+  /* A txn can itself put a key under the lease. */
+  struct dcomm_etcd_cmp rec_absent = {"/t/gf/rec/n1", DCOMM_STORE_ABSENT, NULL, 0};
+  struct dcomm_etcd_put rec = {"/t/gf/rec/n1", "pid 1", 5, id};
+  ck_assert_int_eq(ETXN(c, &rec_absent, 1, &rec, 1), 1);
+  struct dcomm_etcd_kv kv;
+  OK(dcomm__etcd_get(c, "/t/gf/rec/n1", -1, &kv, NULL));
+  ck_assert_int_eq(kv.lease, id);
+  dcomm__etcd_kv_clear(&kv);
+  OK(dcomm__etcd_lease_revoke(c, id));
+  EXPECT_KEY(c, "/t/gf/node/n1", NULL);
+  EXPECT_KEY(c, "/t/gf/rec/n1", NULL);
+  /* The fenced member, still believing in generation 5. */
+  guard[0].val = "5";
+  struct dcomm_etcd_put late[2] = {{"/t/gf/gen", "6", 1, 0}, {"/t/gf/plan/6", "fenced", 6, 0}};
+  ck_assert_int_eq(ETXN(c, guard, 2, late, 2), 0);
+  ck_assert_int_eq(ETXN(c, guard + 1, 1, late, 2), 0);
+  EXPECT_KEY(c, "/t/gf/gen", "5");
+  EXPECT_KEY(c, "/t/gf/plan/6", NULL);
+  /* Without the node compare the same write would have gone through. */
+  struct dcomm_etcd_cmp node_gone = {"/t/gf/node/n1", DCOMM_STORE_ABSENT, NULL, 0};
+  guard[1] = node_gone;
+  ck_assert_int_eq(ETXN(c, guard, 2, late, 2), 1);
+  EXPECT_KEY(c, "/t/gf/plan/6", "fenced");
+  /* A put under the revoked lease is refused as a whole. */
+  int done = -1;
+  struct dcomm_etcd_put both[2] = {{"/t/gf/ok", "1", 1, 0}, {"/t/gf/rec/n1", "again", 5, id}};
+  int rc = dcomm__etcd_txn(c, NULL, 0, both, 2, &done);
+  ck_assert_msg(rc < 0 && done == 0, "a txn put under a revoked lease -> %d, done %d", rc, done);
+  EXPECT_KEY(c, "/t/gf/ok", NULL);
+  OK(dcomm__etcd_delete(c, "/t/gf/", 1, NULL));
+  dcomm__etcd_destroy(c);
+}
+END_TEST
+
 /* ---- leases ---- */
 
 START_TEST(test_lease_revoke) {
@@ -877,6 +1055,196 @@ START_TEST(test_store_get_blocks) {
   ck_assert_ptr_null(v);
   struct dcomm_etcd *c = client(g_ep_single, 5);
   OK(dcomm__etcd_delete(c, "/dcomm/job-get/", 1, NULL));
+  dcomm__etcd_destroy(c);
+  dcomm__store_close(s);
+}
+END_TEST
+
+START_TEST(test_store_txn) {
+  struct dcomm_store *s = open_store(g_ep_single, "job-txn", 5), *s2 = open_store(g_ep_single, "job-txn", 5);
+  struct dcomm_etcd *c = client(g_ep_single, 5);
+  int done = -1;
+  /* s (prefix "g3/") compares on what s2 (no prefix) wrote as "g3/gen". */
+  OK(dcomm__store_set_prefix(s, "g3/"));
+  OK(dcomm__store_set(s2, "g3/gen", "3", 1));
+  OK(dcomm__store_set(s2, "gen", "999", 3));
+  struct dcomm_store_cmp lead[2] = {{"gen", DCOMM_STORE_EQUAL, "3", 1}, {"plan/4", DCOMM_STORE_ABSENT, NULL, 0}};
+  struct dcomm_store_put step[2] = {{"gen", "4", 1}, {"plan/4", "p4", 2}};
+  OK(dcomm__store_txn(s, lead, 2, step, 2, &done));
+  ck_assert_int_eq(done, 1);
+  EXPECT_KEY(c, "/dcomm/job-txn/g3/gen", "4");
+  EXPECT_KEY(c, "/dcomm/job-txn/g3/plan/4", "p4");
+  EXPECT_KEY(c, "/dcomm/job-txn/gen", "999");
+  EXPECT_KEY(c, "/dcomm/job-txn/plan/4", NULL);
+  /* s's "gen" is g3/gen: the unprefixed value does not match it. */
+  struct dcomm_store_cmp other = {"gen", DCOMM_STORE_EQUAL, "999", 3};
+  struct dcomm_store_put px = {"plan/x", "x", 1};
+  OK(dcomm__store_txn(s, &other, 1, &px, 1, &done));
+  ck_assert_int_eq(done, 0);
+  OK(dcomm__store_txn(s, lead + 1, 1, &px, 1, &done)); /* g3/plan/4 exists */
+  ck_assert_int_eq(done, 0);
+  EXPECT_KEY(c, "/dcomm/job-txn/g3/plan/x", NULL);
+  EXPECT_KEY(c, "/dcomm/job-txn/plan/x", NULL);
+  /* Without the prefix plan/4 is absent; in another job too. */
+  struct dcomm_store_put po = {"plan/4", "o", 1};
+  OK(dcomm__store_txn(s2, lead + 1, 1, &po, 1, &done));
+  ck_assert_int_eq(done, 1);
+  EXPECT_KEY(c, "/dcomm/job-txn/plan/4", "o");
+  struct dcomm_store *s3 = open_store(g_ep_single, "job-txn-other", 5);
+  OK(dcomm__store_set_prefix(s3, "g3/"));
+  OK(dcomm__store_txn(s3, lead + 1, 1, &po, 1, &done));
+  ck_assert_int_eq(done, 1);
+  EXPECT_KEY(c, "/dcomm/job-txn-other/g3/plan/4", "o");
+  EXPECT_KEY(c, "/dcomm/job-txn/g3/plan/4", "p4");
+  dcomm__store_close(s3);
+  /* The other way round: s2 (prefix "g3/node/") sets "7", which s sees as
+   * "node/7" and s2 itself as "7". */
+  OK(dcomm__store_set_prefix(s2, "g3/node/"));
+  OK(dcomm__store_set(s2, "7", "up", 2));
+  struct dcomm_store_cmp node[2] = {{"node/7", DCOMM_STORE_EXISTS, NULL, 0}, {"gen", DCOMM_STORE_EQUAL, "4", 1}};
+  struct dcomm_store_put p5[2] = {{"gen", "5", 1}, {"plan/5", "p5", 2}};
+  OK(dcomm__store_txn(s2, node, 1, p5, 2, &done)); /* s2's "node/7" is g3/node/node/7 */
+  ck_assert_int_eq(done, 0);
+  OK(dcomm__store_txn(s, node, 2, p5, 2, &done));
+  ck_assert_int_eq(done, 1);
+  EXPECT_KEY(c, "/dcomm/job-txn/g3/gen", "5");
+  EXPECT_KEY(c, "/dcomm/job-txn/g3/plan/5", "p5");
+  EXPECT_KEY(c, "/dcomm/job-txn/g3/node/gen", NULL);
+  /* EQUAL against an empty value holds; against an absent key it fails. */
+  OK(dcomm__store_set(s, "empty", "", 0));
+  struct dcomm_store_cmp e_eq = {"empty", DCOMM_STORE_EQUAL, "", 0}, a_eq = {"no-such", DCOMM_STORE_EQUAL, "", 0};
+  struct dcomm_store_put pe = {"e-seen", "y", 1};
+  OK(dcomm__store_txn(s, &a_eq, 1, &pe, 1, &done));
+  ck_assert_int_eq(done, 0);
+  EXPECT_KEY(c, "/dcomm/job-txn/g3/e-seen", NULL);
+  OK(dcomm__store_txn(s, &e_eq, 1, &pe, 1, &done));
+  ck_assert_int_eq(done, 1);
+  EXPECT_KEY(c, "/dcomm/job-txn/g3/e-seen", "y");
+  /* Argument errors, before anything reaches etcd. */
+  struct dcomm_store_cmp many[DCOMM_STORE_TXN_MAX + 1];
+  for (int i = 0; i <= DCOMM_STORE_TXN_MAX; i++) many[i] = (struct dcomm_store_cmp){"gen", DCOMM_STORE_EXISTS, NULL, 0};
+  struct dcomm_store_put pv = {"v-put", "v", 1};
+  done = -1;
+  EXPECT_RC(DCOMM_EINVAL, dcomm__store_txn(s, many, DCOMM_STORE_TXN_MAX + 1, &pv, 1, &done));
+  ck_assert_int_eq(done, 0);
+  EXPECT_RC(DCOMM_EINVAL, dcomm__store_txn(s, many, 1, &pv, 0, &done));
+  many[0].kind = 5;
+  EXPECT_RC(DCOMM_EINVAL, dcomm__store_txn(s, many, 1, &pv, 1, &done));
+  many[0].kind = DCOMM_STORE_EXISTS;
+  EXPECT_RC(DCOMM_EINVAL, dcomm__store_txn(s, many, 1, &pv, 1, NULL));
+  EXPECT_KEY(c, "/dcomm/job-txn/g3/v-put", NULL);
+  OK(dcomm__store_txn(s, many, DCOMM_STORE_TXN_MAX, &pv, 1, &done));
+  ck_assert_int_eq(done, 1);
+  EXPECT_KEY(c, "/dcomm/job-txn/g3/v-put", "v");
+  /* A get blocked on a key (a watch) is released by a txn that puts it. */
+  OK(dcomm__store_set_prefix(s2, "g3/"));
+  struct getter g = {.s = s, .key = "late", .timeout = 10};
+  pthread_t th;
+  ck_assert_int_eq(pthread_create(&th, NULL, getter_main, &g), 0);
+  sleep_s(0.4);
+  struct dcomm_store_cmp nobody = {"nobody", DCOMM_STORE_EXISTS, NULL, 0};
+  struct dcomm_store_cmp late_absent = {"late", DCOMM_STORE_ABSENT, NULL, 0};
+  struct dcomm_store_put wrong = {"late", "wrong", 5};
+  struct dcomm_store_put right[2] = {{"late-other", "o", 1}, {"late", "by-txn", 6}};
+  OK(dcomm__store_txn(s2, &nobody, 1, &wrong, 1, &done));
+  ck_assert_int_eq(done, 0);
+  sleep_s(0.2);
+  OK(dcomm__store_txn(s2, &late_absent, 1, right, 2, &done));
+  ck_assert_int_eq(done, 1);
+  pthread_join(th, NULL);
+  ck_assert_msg(g.rc == 0 && g.n == 6 && memcmp(g.v, "by-txn", 6) == 0, "blocked get: %d, %zu bytes", g.rc, g.n);
+  ck_assert_msg(g.took > 0.5 && g.took < 5, "blocked get returned after %.2f s", g.took);
+  free(g.v);
+  OK(dcomm__etcd_delete(c, "/dcomm/job-txn/", 1, NULL));
+  OK(dcomm__etcd_delete(c, "/dcomm/job-txn-other/", 1, NULL));
+  dcomm__etcd_destroy(c);
+  dcomm__store_close(s);
+  dcomm__store_close(s2);
+}
+END_TEST
+
+/* The fencing race: RACERS threads, each with its own store (and so its own
+ * etcd client), read elastic/gen, wait until all have read, then try
+ * "compare EQUAL what I read; put gen+1 and plan/<gen+1>". */
+#define RACERS 4
+#define RACE_ROUNDS 12
+
+struct racer {
+  pthread_barrier_t *bar;
+  int id, rc;
+  long read_gen[RACE_ROUNDS];
+  int won[RACE_ROUNDS];
+};
+
+static void *racer_main(void *arg) {
+  struct racer *r = arg;
+  struct dcomm_store *s = NULL;
+  int rc = dcomm__store_etcd_open(g_ep_single, "job-race", 5, &s);
+  for (int i = 0; i < RACE_ROUNDS; i++) {
+    /* Even after a failure every barrier is passed, so no one hangs. */
+    pthread_barrier_wait(r->bar);
+    void *v = NULL;
+    size_t n = 0;
+    if (rc == 0) rc = dcomm__store_get(s, "elastic/gen", 5, &v, &n);
+    pthread_barrier_wait(r->bar); /* everyone has read before anyone writes */
+    if (rc == 0) {
+      char txt[32], next[32], pkey[64], me[32];
+      snprintf(txt, sizeof(txt), "%.*s", (int)(n < 31 ? n : 31), (char *)v);
+      long g = strtol(txt, NULL, 10);
+      int nl = snprintf(next, sizeof(next), "%ld", g + 1);
+      snprintf(pkey, sizeof(pkey), "elastic/plan/%ld", g + 1);
+      int ml = snprintf(me, sizeof(me), "racer %d", r->id);
+      struct dcomm_store_cmp cmp = {"elastic/gen", DCOMM_STORE_EQUAL, v, n};
+      struct dcomm_store_put p[2] = {{"elastic/gen", next, (size_t)nl}, {pkey, me, (size_t)ml}};
+      int done = -1;
+      rc = dcomm__store_txn(s, &cmp, 1, p, 2, &done);
+      r->read_gen[i] = g;
+      r->won[i] = done;
+    }
+    free(v);
+  }
+  if (rc < 0) fprintf(stderr, "racer %d: %s\n", r->id, dcomm_last_error());
+  if (s) dcomm__store_close(s);
+  r->rc = rc;
+  return NULL;
+}
+
+START_TEST(test_store_txn_race) {
+  struct dcomm_store *s = open_store(g_ep_single, "job-race", 5);
+  OK(dcomm__store_set(s, "elastic/gen", "0", 1));
+  pthread_barrier_t bar;
+  ck_assert_int_eq(pthread_barrier_init(&bar, NULL, RACERS), 0);
+  pthread_t th[RACERS];
+  struct racer r[RACERS];
+  for (int i = 0; i < RACERS; i++) {
+    r[i] = (struct racer){.bar = &bar, .id = i};
+    ck_assert_int_eq(pthread_create(&th[i], NULL, racer_main, &r[i]), 0);
+  }
+  for (int i = 0; i < RACERS; i++) pthread_join(th[i], NULL);
+  pthread_barrier_destroy(&bar);
+  for (int i = 0; i < RACERS; i++) ck_assert_msg(r[i].rc == 0, "racer %d failed with %d", i, r[i].rc);
+  for (int k = 0; k < RACE_ROUNDS; k++) {
+    int wins = 0, winner = -1;
+    for (int i = 0; i < RACERS; i++) {
+      ck_assert_msg(r[i].read_gen[k] == k, "round %d: racer %d read gen %ld", k, i, r[i].read_gen[k]);
+      ck_assert_msg(r[i].won[k] == 0 || r[i].won[k] == 1, "round %d: racer %d: done %d", k, i, r[i].won[k]);
+      if (r[i].won[k]) wins++, winner = i;
+    }
+    ck_assert_msg(wins == 1, "round %d: %d racers won the same generation", k, wins);
+    char pkey[64], want[32];
+    snprintf(pkey, sizeof(pkey), "elastic/plan/%d", k + 1);
+    snprintf(want, sizeof(want), "racer %d", winner);
+    expect_value(s, pkey, want, strlen(want)); /* no loser's plan over it */
+  }
+  char final[16];
+  snprintf(final, sizeof(final), "%d", RACE_ROUNDS);
+  expect_value(s, "elastic/gen", final, strlen(final));
+  struct dcomm_etcd *c = client(g_ep_single, 5);
+  snprintf(final, sizeof(final), "%d", RACE_ROUNDS + 1);
+  char key[64];
+  snprintf(key, sizeof(key), "/dcomm/job-race/elastic/plan/%s", final);
+  EXPECT_KEY(c, key, NULL);
+  OK(dcomm__etcd_delete(c, "/dcomm/job-race/", 1, NULL));
   dcomm__etcd_destroy(c);
   dcomm__store_close(s);
 }
@@ -1362,6 +1730,8 @@ static Suite *etcd_suite(void) {
   tcase_set_timeout(tc, 20);
   tcase_add_test(tc, test_kv_roundtrip);
   tcase_add_test(tc, test_txn);
+  tcase_add_test(tc, test_txn_compares);
+  tcase_add_test(tc, test_txn_lease_fencing);
   tcase_add_test(tc, test_lease_revoke);
   tcase_add_test(tc, test_lease_expiry);
   tcase_add_test(tc, test_lease_keepalive);
@@ -1375,6 +1745,8 @@ static Suite *etcd_suite(void) {
   tcase_add_test(ts, test_store_ops);
   tcase_add_test(ts, test_store_add_concurrent);
   tcase_add_test(ts, test_store_get_blocks);
+  tcase_add_test(ts, test_store_txn);
+  tcase_add_test(ts, test_store_txn_race);
   suite_add_tcase(s, ts);
   TCase *tf = tcase_create("faults");
   tcase_add_checked_fixture(tf, child_setup, NULL);

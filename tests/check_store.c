@@ -611,19 +611,23 @@ static void api_txn_releases_get(struct dcomm_store *a, struct dcomm_store *b) {
   struct blocked_get g = {.s = a, .key = "txn-late", .timeout = 10.0};
   pthread_t th;
   ck_assert_int_eq(pthread_create(&th, NULL, blocked_get_main, &g), 0);
-  sleep_s(0.3);
+  sleep_s(0.2);
   /* A txn whose compare fails does not put the key, so the get goes on. */
   struct dcomm_store_cmp fails[] = {CMP("txn-nobody", DCOMM_STORE_EXISTS)};
   struct dcomm_store_put wrong[] = {PUT("txn-late", "wrong")};
   txn_ok(b, fails, 1, wrong, 1, 0);
-  sleep_s(0.3);
+  sleep_s(0.1);
   struct dcomm_store_cmp holds[] = {CMP("txn-late", DCOMM_STORE_ABSENT)};
   struct dcomm_store_put right[] = {PUT("txn-other", "o"), PUT("txn-late", "by-txn")};
   txn_ok(b, holds, 1, right, 2, 1);
+  double t1 = dcomm__now();
   pthread_join(th, NULL);
+  /* Woken by the txn itself, not by some periodic recheck. */
+  double lag = dcomm__now() - t1;
   ck_assert_msg(g.rc == 0, "blocked get returned %d", g.rc);
   ck_assert_msg(g.len == 6 && memcmp(g.val, "by-txn", 6) == 0, "blocked get saw '%.*s'", (int)g.len, (char *)g.val);
-  ck_assert_msg(g.elapsed >= 0.55 && g.elapsed < 5.0, "blocked get returned after %.3f s", g.elapsed);
+  ck_assert_msg(g.elapsed >= 0.25 && g.elapsed < 5.0, "blocked get returned after %.3f s", g.elapsed);
+  ck_assert_msg(lag < 0.5, "blocked get returned %.3f s after the txn that put its key", lag);
   free(g.val);
   expect_value(a, "txn-other", "o", 1);
 }
@@ -784,6 +788,20 @@ START_TEST(tcp_max_value) {
   ck_assert(raw_eof(fd, 5));
   close(fd);
   expect_absent(b, "raw-big");
+  api_txn_max_value(a, b);
+  /* A txn value over the bound on the wire is refused unread as well. */
+  fd = raw_store();
+  p = f;
+  p = dcomm__store_put_u8(p, DCOMM_STORE_CMD_TXN);
+  p = dcomm__store_put_u8(p, 0);
+  p = dcomm__store_put_u8(p, 1);
+  p += put_str(p, "raw-big-txn", 11);
+  p = dcomm__store_put_u32(p, 2000);
+  raw_send(fd, f, (size_t)(p - f));
+  ck_assert_int_eq(raw_status(fd, 5), DCOMM_EINVAL);
+  ck_assert(raw_eof(fd, 5));
+  close(fd);
+  expect_absent(b, "raw-big-txn");
   dcomm__store_close(a);
   dcomm__store_close(b);
 }
@@ -902,6 +920,45 @@ static void *racer_main(void *arg) {
   return NULL;
 }
 
+/* Watches the race from its own handle: whenever elastic/gen is k > 0,
+ * elastic/plan/k, written by the same txn, must already be there. */
+struct observer {
+  const char *path;
+  volatile int stop;
+  int rc, looks, torn;
+  long torn_gen;
+};
+
+static void *observer_main(void *arg) {
+  struct observer *o = arg;
+  struct dcomm_store *s = NULL;
+  int rc = o->path ? dcomm__store_file_open(o->path, 10.0, &s)
+                   : dcomm__store_tcp_connect("127.0.0.1", port, JOB, TOKEN, 5.0, 10.0, &s);
+  while (rc == 0 && !o->stop) {
+    void *v = NULL, *pv = NULL;
+    size_t n = 0, pn = 0;
+    rc = dcomm__store_get(s, "elastic/gen", 5.0, &v, &n);
+    if (rc < 0) break;
+    char txt[32], pkey[64];
+    snprintf(txt, sizeof(txt), "%.*s", (int)(n < 31 ? n : 31), (char *)v);
+    free(v);
+    long k = strtol(txt, NULL, 10);
+    if (k <= 0) continue;
+    snprintf(pkey, sizeof(pkey), "elastic/plan/%ld", k);
+    int prc = dcomm__store_get(s, pkey, 0, &pv, &pn);
+    free(pv);
+    if (prc == DCOMM_ETIMEDOUT) {
+      if (!o->torn++) o->torn_gen = k;
+    } else if (prc < 0) {
+      rc = prc;
+    }
+    o->looks++;
+  }
+  if (s) dcomm__store_close(s);
+  o->rc = rc;
+  return NULL;
+}
+
 /* Runs RACERS racers (the first nshared on one shared handle) for
  * RACE_ROUNDS rounds from elastic/gen = "0" and checks one winner a round,
  * whose plan is the one stored. */
@@ -911,13 +968,21 @@ static void run_race(struct dcomm_store *shared, const char *fpath, int nshared)
   pthread_barrier_t bar;
   ck_assert_int_eq(pthread_barrier_init(&bar, NULL, RACERS), 0);
   ok(dcomm__store_set(shared, "elastic/gen", "0", 1));
+  struct observer obs = {.path = fpath};
+  pthread_t oth;
+  ck_assert_int_eq(pthread_create(&oth, NULL, observer_main, &obs), 0);
   for (int i = 0; i < RACERS; i++) {
     r[i] = (struct racer){.shared = i < nshared ? shared : NULL, .path = fpath, .bar = &bar, .id = i};
     ck_assert_int_eq(pthread_create(&th[i], NULL, racer_main, &r[i]), 0);
   }
   for (int i = 0; i < RACERS; i++) pthread_join(th[i], NULL);
+  obs.stop = 1;
+  pthread_join(oth, NULL);
   pthread_barrier_destroy(&bar);
   for (int i = 0; i < RACERS; i++) ck_assert_msg(r[i].rc == 0, "racer %d failed with %d", i, r[i].rc);
+  ck_assert_msg(obs.rc == 0, "the observer failed with %d", obs.rc);
+  ck_assert_msg(!obs.torn, "%d times a txn was seen half done (elastic/gen %ld without its plan)", obs.torn,
+                obs.torn_gen);
   for (int k = 0; k < RACE_ROUNDS; k++) {
     int wins = 0, winner = -1;
     for (int i = 0; i < RACERS; i++) {
@@ -944,6 +1009,154 @@ START_TEST(tcp_concurrent_add) {
   run_adders(s, NULL, 16, 4, 150);
   expect_counter(s, 16 * 150);
   dcomm__store_close(s);
+}
+END_TEST
+
+START_TEST(tcp_txn_kinds) {
+  struct dcomm_store *a = client(), *b = client();
+  api_txn_kinds(a, b);
+  dcomm__store_close(a);
+  dcomm__store_close(b);
+}
+END_TEST
+
+START_TEST(tcp_txn_all_or_nothing) {
+  struct dcomm_store *a = client(), *b = client();
+  api_txn_all_or_nothing(a, b);
+  dcomm__store_close(a);
+  dcomm__store_close(b);
+}
+END_TEST
+
+START_TEST(tcp_txn_prefix) {
+  struct dcomm_store *a = client(), *b = client();
+  api_txn_prefix(a, b);
+  dcomm__store_close(a);
+  dcomm__store_close(b);
+}
+END_TEST
+
+START_TEST(tcp_txn_empty_value) {
+  struct dcomm_store *a = client(), *b = client();
+  api_txn_empty_value(a, b);
+  dcomm__store_close(a);
+  dcomm__store_close(b);
+}
+END_TEST
+
+START_TEST(tcp_txn_validation) {
+  struct dcomm_store *a = client();
+  api_txn_validation(a);
+  dcomm__store_close(a);
+}
+END_TEST
+
+START_TEST(tcp_txn_releases_get) {
+  struct dcomm_store *a = client(), *b = client();
+  api_txn_releases_get(a, b);
+  dcomm__store_close(a);
+  dcomm__store_close(b);
+}
+END_TEST
+
+START_TEST(tcp_txn_race) {
+  struct dcomm_store *s = client_t(10.0);
+  run_race(s, NULL, 2);
+  dcomm__store_close(s);
+}
+END_TEST
+
+/* Sends a raw frame and checks the server answers DCOMM_EPROTO and closes. */
+static void expect_txn_frame_refused(const unsigned char *f, size_t n, int half_close) {
+  int fd = raw_store();
+  raw_send(fd, f, n);
+  if (half_close) shutdown(fd, SHUT_WR);
+  int st = raw_status(fd, 5);
+  ck_assert_msg(st == DCOMM_EPROTO || (half_close && st == 1), "malformed txn frame answered %d", st);
+  ck_assert_msg(raw_eof(fd, 5), "the server kept the connection of a malformed txn frame");
+  close(fd);
+}
+
+START_TEST(tcp_txn_wire) {
+  struct dcomm_store *a = client();
+  ok(dcomm__store_set(a, "keep", "intact", 6));
+  /* A well-formed raw txn: status 0 then the done byte; the connection
+   * stays usable for the next request. */
+  int fd = raw_store();
+  unsigned char f[256], *p = f;
+  p = dcomm__store_put_u8(p, DCOMM_STORE_CMD_TXN);
+  p = dcomm__store_put_u8(p, 1);
+  p = dcomm__store_put_u8(p, DCOMM_STORE_ABSENT);
+  p += put_str(p, "raw-a", 5);
+  p += put_str(p, "", 0);
+  p = dcomm__store_put_u8(p, 1);
+  p += put_str(p, "raw-a", 5);
+  p += put_str(p, "va", 2);
+  unsigned char done = 9;
+  for (int i = 0; i < 2; i++) {
+    raw_send(fd, f, (size_t)(p - f));
+    ck_assert_int_eq(raw_status(fd, 5), 0);
+    ok(dcomm__sock_recv_all(fd, &done, 1, dcomm__now() + 5, -1));
+    ck_assert_msg(done == (i == 0), "raw txn %d: done %u", i, done); /* the second time raw-a exists */
+  }
+  close(fd);
+  expect_value(a, "raw-a", "va", 2);
+  /* Too many compares (200 and 9), kind 9 and kind 3 (after a good
+   * compare), no puts, too many puts, an empty compare key. Each frame is
+   * sent exactly up to the byte the server refuses. */
+  unsigned char m[64];
+  p = m;
+  p = dcomm__store_put_u8(p, DCOMM_STORE_CMD_TXN);
+  p = dcomm__store_put_u8(p, 200);
+  expect_txn_frame_refused(m, (size_t)(p - m), 0);
+  m[1] = DCOMM_STORE_TXN_MAX + 1;
+  expect_txn_frame_refused(m, (size_t)(p - m), 0);
+  p = m + 1;
+  p = dcomm__store_put_u8(p, 1);
+  p = dcomm__store_put_u8(p, 9);
+  expect_txn_frame_refused(m, (size_t)(p - m), 0);
+  p = m + 1;
+  p = dcomm__store_put_u8(p, 2);
+  p = dcomm__store_put_u8(p, DCOMM_STORE_ABSENT);
+  p += put_str(p, "raw-b", 5);
+  p += put_str(p, "", 0);
+  p = dcomm__store_put_u8(p, 3);
+  expect_txn_frame_refused(m, (size_t)(p - m), 0);
+  p = m + 1;
+  p = dcomm__store_put_u8(p, 0);
+  p = dcomm__store_put_u8(p, 0);
+  expect_txn_frame_refused(m, (size_t)(p - m), 0);
+  m[2] = DCOMM_STORE_TXN_MAX + 1;
+  expect_txn_frame_refused(m, (size_t)(p - m), 0);
+  p = m + 1;
+  p = dcomm__store_put_u8(p, 1);
+  p = dcomm__store_put_u8(p, DCOMM_STORE_EXISTS);
+  p = dcomm__store_put_u32(p, 0);
+  expect_txn_frame_refused(m, (size_t)(p - m), 0);
+  /* A truncated txn whose compares hold: its first put does not happen. */
+  p = m + 1;
+  p = dcomm__store_put_u8(p, 1);
+  p = dcomm__store_put_u8(p, DCOMM_STORE_ABSENT);
+  p += put_str(p, "raw-t", 5);
+  p += put_str(p, "", 0);
+  p = dcomm__store_put_u8(p, 2);
+  p += put_str(p, "raw-t", 5);
+  p += put_str(p, "ok", 2);
+  p += put_str(p, "raw-t2", 6);
+  p = dcomm__store_put_u32(p, 10); /* 10 value bytes promised, 3 sent */
+  memcpy(p, "abc", 3);
+  p += 3;
+  expect_txn_frame_refused(m, (size_t)(p - m), 1);
+  expect_absent(a, "raw-t");
+  expect_absent(a, "raw-t2");
+  expect_absent(a, "raw-b");
+  /* The client connected all along still works, and so does a new one. */
+  expect_value(a, "keep", "intact", 6);
+  struct dcomm_store_cmp c[] = {CMPV("keep", "intact")};
+  struct dcomm_store_put pt[] = {PUT("after", "yes")};
+  txn_ok(a, c, 1, pt, 1, 1);
+  expect_server_serves("after", "yes");
+  dcomm__store_close(a);
 }
 END_TEST
 
@@ -1244,6 +1457,7 @@ START_TEST(file_max_value) {
   set_max_value("1024");
   struct dcomm_store *a = fopen_h(), *b = fopen_h();
   api_max_value(a, b);
+  api_txn_max_value(a, b);
   dcomm__store_close(a);
   dcomm__store_close(b);
 }
@@ -1287,6 +1501,159 @@ static off_t file_size(void) {
   ck_assert_int_eq(stat(path, &st), 0);
   return st.st_size;
 }
+
+START_TEST(file_txn_kinds) {
+  struct dcomm_store *a = fopen_h(), *b = fopen_h();
+  api_txn_kinds(a, b);
+  dcomm__store_close(a);
+  dcomm__store_close(b);
+}
+END_TEST
+
+START_TEST(file_txn_all_or_nothing) {
+  struct dcomm_store *a = fopen_h(), *b = fopen_h();
+  api_txn_all_or_nothing(a, b);
+  dcomm__store_close(a);
+  dcomm__store_close(b);
+  /* A handle opened later replays the txn's records. */
+  struct dcomm_store *c = fopen_h();
+  expect_value(c, "gen", "6", 1);
+  expect_value(c, "plan/6", "p6", 2);
+  expect_value(c, "x/7", "v7", 2);
+  dcomm__store_close(c);
+}
+END_TEST
+
+START_TEST(file_txn_prefix) {
+  struct dcomm_store *a = fopen_h(), *b = fopen_h();
+  api_txn_prefix(a, b);
+  dcomm__store_close(a);
+  dcomm__store_close(b);
+}
+END_TEST
+
+START_TEST(file_txn_empty_value) {
+  struct dcomm_store *a = fopen_h(), *b = fopen_h();
+  api_txn_empty_value(a, b);
+  dcomm__store_close(a);
+  dcomm__store_close(b);
+}
+END_TEST
+
+START_TEST(file_txn_validation) {
+  struct dcomm_store *a = fopen_h();
+  api_txn_validation(a);
+  dcomm__store_close(a);
+}
+END_TEST
+
+START_TEST(file_txn_releases_get) {
+  struct dcomm_store *a = fopen_h(), *b = fopen_h();
+  api_txn_releases_get(a, b);
+  dcomm__store_close(a);
+  dcomm__store_close(b);
+}
+END_TEST
+
+START_TEST(file_txn_failed_appends_nothing) {
+  struct dcomm_store *a = fopen_h();
+  ok(dcomm__store_set(a, "gen", "1", 1));
+  off_t before = file_size();
+  struct dcomm_store_cmp stale[] = {CMP("node", DCOMM_STORE_ABSENT), CMPV("gen", "0")};
+  struct dcomm_store_put p[] = {PUT("gen", "1"), PUT("plan/1", "p")};
+  txn_ok(a, stale, 2, p, 2, 0);
+  ck_assert_int_eq(file_size(), before); /* not even a partial record */
+  int done = -1;
+  stale[1].kind = 7;
+  ck_assert_int_eq(dcomm__store_txn(a, stale, 2, p, 2, &done), DCOMM_EINVAL);
+  ck_assert_int_eq(file_size(), before);
+  dcomm__store_close(a);
+}
+END_TEST
+
+START_TEST(file_txn_race) {
+  struct dcomm_store *s = fopen_t(10.0);
+  run_race(s, path, 2);
+  dcomm__store_close(s);
+}
+END_TEST
+
+#define RACE_PROCS 4
+#define RACE_TARGET 60
+
+struct race_win {
+  long gen;
+  int id;
+};
+
+START_TEST(file_txn_race_processes) {
+  /* Processes race freely, without rounds, from gen 0 to RACE_TARGET:
+   * each generation is won exactly once, and its plan is the winner's. */
+  struct dcomm_store *s = fopen_t(10.0);
+  ok(dcomm__store_set(s, "elastic/gen", "0", 1));
+  int fds[2];
+  ck_assert_int_eq(pipe(fds), 0);
+  pid_t kids[RACE_PROCS];
+  for (int k = 0; k < RACE_PROCS; k++) {
+    kids[k] = fork();
+    ck_assert_int_ge(kids[k], 0);
+    if (kids[k] == 0) {
+      close(fds[0]);
+      struct dcomm_store *c = NULL;
+      int rc = dcomm__store_file_open(path, 10.0, &c);
+      double deadline = dcomm__now() + 8.0;
+      while (rc == 0) {
+        void *v = NULL;
+        size_t n = 0;
+        long g = -1;
+        rc = dcomm__store_get(c, "elastic/gen", 5.0, &v, &n);
+        if (rc < 0) break;
+        char txt[32];
+        snprintf(txt, sizeof(txt), "%.*s", (int)(n < 31 ? n : 31), (char *)v);
+        if (strtol(txt, NULL, 10) >= RACE_TARGET) {
+          free(v);
+          break;
+        }
+        int won = race_try(c, 100 + k, v, n, &g);
+        free(v);
+        if (won < 0) rc = won;
+        struct race_win w = {g, 100 + k};
+        if (won == 1 && write(fds[1], &w, sizeof(w)) != (ssize_t)sizeof(w)) rc = -1;
+        if (dcomm__now() > deadline) rc = -2;
+      }
+      if (c) dcomm__store_close(c);
+      _exit(rc == 0 ? 0 : 1);
+    }
+  }
+  close(fds[1]);
+  int owner[RACE_TARGET], wins = 0;
+  for (int g = 0; g < RACE_TARGET; g++) owner[g] = -1;
+  struct race_win w;
+  while (read(fds[0], &w, sizeof(w)) == (ssize_t)sizeof(w)) {
+    ck_assert_msg(w.gen >= 0 && w.gen < RACE_TARGET, "a racer won generation %ld", w.gen);
+    ck_assert_msg(owner[w.gen] < 0, "generation %ld won by racers %d and %d", w.gen, owner[w.gen], w.id);
+    owner[w.gen] = w.id;
+    wins++;
+  }
+  close(fds[0]);
+  for (int k = 0; k < RACE_PROCS; k++) {
+    int st = 0;
+    ck_assert_int_eq(waitpid(kids[k], &st, 0), kids[k]);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "racer process %d failed", k);
+  }
+  ck_assert_int_eq(wins, RACE_TARGET);
+  for (int g = 0; g < RACE_TARGET; g++) {
+    char pkey[64], want[32];
+    snprintf(pkey, sizeof(pkey), "elastic/plan/%d", g + 1);
+    snprintf(want, sizeof(want), "racer %d", owner[g]);
+    expect_value(s, pkey, want, strlen(want));
+  }
+  char final[16];
+  snprintf(final, sizeof(final), "%d", RACE_TARGET);
+  expect_value(s, "elastic/gen", final, strlen(final));
+  dcomm__store_close(s);
+}
+END_TEST
 
 START_TEST(file_torn_record) {
   struct dcomm_store *a = fopen_h();
@@ -1383,6 +1750,14 @@ static Suite *store_suite(void) {
   tcase_add_test(tc, tcp_garbage_before_handshake);
   tcase_add_test(tc, tcp_stop_with_blocked_get);
   tcase_add_test(tc, tcp_connect_timeout_and_local_ip);
+  tcase_add_test(tc, tcp_txn_kinds);
+  tcase_add_test(tc, tcp_txn_all_or_nothing);
+  tcase_add_test(tc, tcp_txn_prefix);
+  tcase_add_test(tc, tcp_txn_empty_value);
+  tcase_add_test(tc, tcp_txn_validation);
+  tcase_add_test(tc, tcp_txn_releases_get);
+  tcase_add_test(tc, tcp_txn_race);
+  tcase_add_test(tc, tcp_txn_wire);
   suite_add_tcase(s, tc);
 
   /* Waits out the server's handshake deadline, hence its own time limit. */
@@ -1405,6 +1780,15 @@ static Suite *store_suite(void) {
   tcase_add_test(tf, file_concurrent_add);
   tcase_add_test(tf, file_torn_record);
   tcase_add_test(tf, file_corrupt_record);
+  tcase_add_test(tf, file_txn_kinds);
+  tcase_add_test(tf, file_txn_all_or_nothing);
+  tcase_add_test(tf, file_txn_prefix);
+  tcase_add_test(tf, file_txn_empty_value);
+  tcase_add_test(tf, file_txn_validation);
+  tcase_add_test(tf, file_txn_releases_get);
+  tcase_add_test(tf, file_txn_failed_appends_nothing);
+  tcase_add_test(tf, file_txn_race);
+  tcase_add_test(tf, file_txn_race_processes);
   suite_add_tcase(s, tf);
   return s;
 }
