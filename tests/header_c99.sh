@@ -31,8 +31,9 @@ else
   status=1
 fi
 
-# Two inclusions must be harmless (include guard).
-if printf '#include "dcomm.h"\n#include "dcomm.h"\n' | $CC $cflags -I"$top_srcdir/src" -x c -; then
+# Two inclusions must be harmless (include guards), and the installed
+# plugin and elastic headers must stand with it.
+if printf '#include "dcomm.h"\n#include "dcomm.h"\n#include "dcomm_plugin.h"\n#include "dcomm_elastic.h"\n#include "dcomm_plugin.h"\n' | $CC $cflags -I"$top_srcdir/include" -x c -; then
   echo "header_c99: C99 included twice: ok"
 else
   echo "header_c99: $hdr fails when included twice" >&2

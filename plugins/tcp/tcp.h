@@ -175,8 +175,39 @@ struct tcp_xop {
 /* Runs sends/receives concurrently until all complete. The collective's
  * signature (coll, dtype, op, root, seq, count) comes from a. */
 int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_coll_args *a);
+
+/* tcp_frame.c: frames under the engine. */
 /* Breaks the comm with err and msg (first error wins), tells the peers. */
 int tcp_fail(struct tcp_comm *c, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* An unexpected point-to-point message, queued on its peer until a recv
+ * with its tag comes (at most MAX_UNEXPECTED bytes each). */
+struct tcp_uq {
+  struct tcp_uq *next;
+  struct tcp_hdr hdr;
+  void *data;
+};
+#define MAX_UNEXPECTED ((uint64_t)1 << 32)
+const char *tcp_coll_name(int c);
+int tcp_world_of(const struct tcp_comm *c, int r);
+/* Fails the comm: peer's link was lost while doing what. */
+int tcp_lost_msg(struct tcp_comm *c, int peer, const char *what);
+/* Takes in the control frames a shared-memory peer's ring holds. */
+int tcp_shm_drain(struct tcp_comm *c, int peer);
+/* Reads what is missing of peer's next header: 1 complete, 0 would block,
+ * < 0 an error (end of file included). */
+int tcp_read_hdr(struct tcp_comm *c, int peer);
+/* Handles a complete header that is not data the caller waits for (ABORT,
+ * BYE, an unexpected p2p message): 1 consumed, 0 data to keep, < 0 error. */
+int tcp_take_control(struct tcp_comm *c, int peer, double deadline);
+void tcp_describe_args(char *buf, size_t len, const struct dcomm_host *h, int coll, uint64_t seq, uint64_t count,
+                       int dtype, int op, int root);
+/* Whether header h belongs to collective a (same signature). */
+int tcp_sig_matches(const struct tcp_hdr *h, const struct dcomm_coll_args *a);
+/* Fails the comm with DCOMM_EMISMATCH naming peer's call and a. */
+int tcp_mismatch(struct tcp_comm *c, int peer, const struct dcomm_coll_args *a);
+/* Checks peer's header against the receive op of collective a. */
+int tcp_check_hdr(struct tcp_comm *c, int peer, const struct tcp_xop *op, const struct dcomm_coll_args *a);
+
 int tcp_p2p_send(struct tcp_comm *c, const struct dcomm_coll_args *a);
 /* Whether a send of len bytes to peer completes without the peer's help
  * (a shared-memory link with that much room). */

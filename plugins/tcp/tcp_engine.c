@@ -26,296 +26,6 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
-
-struct tcp_uq {
-  struct tcp_uq *next;
-  struct tcp_hdr hdr;
-  void *data;
-};
-
-#define MAX_UNEXPECTED ((uint64_t)1 << 32)
-
-static const char *const coll_names[DCOMM_COLL_COUNT] = {
-    "none", "all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter",
-    "reduce_scatter", "all_to_all", "barrier", "send", "recv"};
-
-static const char *coll_name(int c) { return c >= 0 && c < DCOMM_COLL_COUNT ? coll_names[c] : "unknown"; }
-
-static int world_of(const struct tcp_comm *c, int r) { return c->world_ranks[r]; }
-
-int tcp_fail(struct tcp_comm *c, int err, const char *fmt, ...) {
-  int expected = 0;
-  pthread_mutex_lock(&c->qlock);
-  if (atomic_compare_exchange_strong(&c->error, &expected, err)) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->errmsg, sizeof(c->errmsg), fmt, ap);
-    va_end(ap);
-  }
-  err = atomic_load(&c->error);
-  char msg[TCP_MAX_ABORT_MSG];
-  memcpy(msg, c->errmsg, sizeof(msg));
-  pthread_mutex_unlock(&c->qlock);
-  /* Tell every peer, once, so that ranks not linked to the failure learn. */
-  if (!c->abort_sent) {
-    c->abort_sent = 1;
-    for (int i = 0; i < c->size; i++) {
-      struct tcp_peer *p = &c->peers[i];
-      if (i == c->rank || p->fd < 0) continue;
-      if (!p->closed && !p->mid_send) {
-        struct tcp_hdr h = {.magic = TCP_MAGIC, .type = TCP_F_ABORT, .root = err, .len = strlen(msg)};
-        struct iovec iov[2] = {{&h, sizeof(h)}, {msg, h.len}};
-        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
-        if (sendmsg(p->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) { /* best effort */ }
-      }
-      shutdown(p->fd, SHUT_WR);
-    }
-  }
-  return c->ctx->host->err(err, "%s", msg);
-}
-
-/* Reads exactly len bytes from the socket (used for short tails: ABORT
- * messages, queued p2p payloads) bounded by the deadline and the abort
- * descriptor. */
-static int read_sock_full(struct tcp_comm *c, int peer, void *buf, size_t len, double deadline) {
-  struct tcp_peer *p = &c->peers[peer];
-  char *b = buf;
-  while (len > 0) {
-    ssize_t n = recv(p->fd, b, len, MSG_DONTWAIT);
-    if (n > 0) {
-      b += n;
-      len -= (size_t)n;
-      continue;
-    }
-    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-      p->closed = 1;
-      return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: rank %d (world rank %d) closed its link in the middle of a message",
-                      c->label, peer, world_of(c, peer));
-    }
-    struct pollfd pf[2] = {{.fd = p->fd, .events = POLLIN}, {.fd = c->abort_fd, .events = POLLIN}};
-    double left = deadline - c->ctx->host->now();
-    if (left <= 0)
-      return tcp_fail(c, DCOMM_ETIMEDOUT, "tcp %s: timed out reading from rank %d", c->label, peer);
-    poll(pf, 2, (int)(left * 1000) + 1);
-    if (pf[1].revents & POLLIN) return tcp_fail(c, DCOMM_EREVOKED, "tcp %s: communicator aborted", c->label);
-  }
-  return 0;
-}
-
-static int lost_msg(struct tcp_comm *c, int peer, const char *what) {
-  struct tcp_peer *p = &c->peers[peer];
-  if (p->departed) return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: rank %d (world rank %d) has finalized", c->label, peer, world_of(c, peer));
-  return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: lost rank %d (world rank %d): its link closed%s (the process died or aborted)",
-                  c->label, peer, world_of(c, peer), what);
-}
-
-/* An ABORT header arrived from peer: read its message, break the comm. */
-static int abort_from(struct tcp_comm *c, int peer, const struct tcp_hdr *h) {
-  char msg[TCP_MAX_ABORT_MSG] = "";
-  size_t ml = h->len < sizeof(msg) - 1 ? h->len : sizeof(msg) - 1;
-  int err = h->root;
-  if (err >= 0 || err < -100) err = DCOMM_EPEERLOST;
-  if (read_sock_full(c, peer, msg, ml, c->ctx->host->now() + 1.0) == 0) msg[ml] = 0;
-  return tcp_fail(c, err, "tcp %s: rank %d (world rank %d) aborted the communicator: %s", c->label, peer,
-                  world_of(c, peer), msg);
-}
-
-/* Reads what the socket of a shared-memory link holds: wake-ups (dropped),
- * an ABORT (breaks the comm) or the end of file (sets closed). */
-static int shm_drain(struct tcp_comm *c, int peer) {
-  struct tcp_peer *p = &c->peers[peer];
-  while (!p->closed) {
-    ssize_t n = recv(p->fd, (char *)&p->shdr + p->sgot, sizeof(p->shdr) - p->sgot, MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
-    if (n <= 0) {
-      p->closed = 1;
-      return 0;
-    }
-    p->sgot += (size_t)n;
-    if (p->sgot < sizeof(p->shdr)) continue;
-    p->sgot = 0;
-    if (p->shdr.magic != TCP_MAGIC)
-      return tcp_fail(c, DCOMM_EPROTO, "tcp %s: garbage on the link from rank %d (world rank %d)", c->label, peer,
-                      world_of(c, peer));
-    if (p->shdr.type == TCP_F_ABORT) return abort_from(c, peer, &p->shdr);
-    if (p->shdr.type != TCP_F_WAKE)
-      return tcp_fail(c, DCOMM_EPROTO, "tcp %s: unexpected frame type %d on the socket of rank %d's shared-memory link",
-                      c->label, p->shdr.type, peer);
-  }
-  return 0;
-}
-
-/* Sleeps until the socket of a shm link is readable (a wake-up, an abort,
- * its end), the comm is aborted, or the deadline. */
-static int shm_sleep(struct tcp_comm *c, int peer, double deadline) {
-  struct tcp_peer *p = &c->peers[peer];
-  struct pollfd pf[2] = {{.fd = c->abort_fd, .events = POLLIN}, {.fd = p->fd, .events = POLLIN}};
-  double left = deadline - c->ctx->host->now();
-  if (left <= 0) return tcp_fail(c, DCOMM_ETIMEDOUT, "tcp %s: timed out reading from rank %d", c->label, peer);
-  poll(pf, p->closed ? 1 : 2, (int)(left * 1000) + 1);
-  if (pf[0].revents & POLLIN) return tcp_fail(c, DCOMM_EREVOKED, "tcp %s: communicator aborted", c->label);
-  return shm_drain(c, peer);
-}
-
-/* read_sock_full for the ring of a shared-memory link. */
-static int read_ring_full(struct tcp_comm *c, int peer, void *buf, size_t len, double deadline) {
-  struct tcp_peer *p = &c->peers[peer];
-  size_t got = 0;
-  while (got < len) {
-    size_t n = tcp_shm_get(p->shm, (char *)buf + got, len - got);
-    got += n;
-    if (n || got == len) continue;
-    if (p->closed) return lost_msg(c, peer, " in the middle of a message");
-    if (tcp_shm_arm_rx(p->shm)) continue;
-    TCP_CHECK(shm_sleep(c, peer, deadline));
-  }
-  return 0;
-}
-
-static int read_full(struct tcp_comm *c, int peer, void *buf, size_t len, double deadline) {
-  if (c->peers[peer].shm) return read_ring_full(c, peer, buf, len, deadline);
-  return read_sock_full(c, peer, buf, len, deadline);
-}
-
-/* read_hdr for a shared-memory link: the ring, then the closed socket. */
-static int read_ring_hdr(struct tcp_comm *c, int peer) {
-  struct tcp_peer *p = &c->peers[peer];
-  if (p->have_hdr) return 1;
-  if (tcp_shm_get_hdr(p->shm, &p->hdr)) {
-    if (p->hdr.magic != TCP_MAGIC)
-      return tcp_fail(c, DCOMM_EPROTO, "tcp %s: garbage in the ring from rank %d (world rank %d)", c->label, peer,
-                      world_of(c, peer));
-    p->hgot = sizeof(p->hdr);
-    p->have_hdr = 1;
-    return 1;
-  }
-  /* The peer wrote everything before its socket closed: empty is final. */
-  return p->closed ? lost_msg(c, peer, "") : 0;
-}
-
-/* Reads what is missing of the peer's next header. 1: complete, 0: would
- * block, <0: error (EOF included). */
-static int read_hdr(struct tcp_comm *c, int peer) {
-  struct tcp_peer *p = &c->peers[peer];
-  if (p->shm) return read_ring_hdr(c, peer);
-  while (!p->have_hdr) {
-    ssize_t n = recv(p->fd, (char *)&p->hdr + p->hgot, sizeof(p->hdr) - p->hgot, MSG_DONTWAIT);
-    if (n > 0) {
-      p->hgot += (size_t)n;
-      if (p->hgot == sizeof(p->hdr)) {
-        if (p->hdr.magic != TCP_MAGIC)
-          return tcp_fail(c, DCOMM_EPROTO, "tcp %s: garbage on the link from rank %d (world rank %d)", c->label, peer,
-                          world_of(c, peer));
-        p->have_hdr = 1;
-      }
-      continue;
-    }
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
-    p->closed = 1;
-    return lost_msg(c, peer, p->hgot ? " in the middle of a header" : "");
-  }
-  return 1;
-}
-
-/* Handles a complete header that is not the data the caller waits for:
- * ABORT breaks the comm with the sender's error, BYE marks the peer gone,
- * P2P is queued. Returns 1 if consumed, 0 if it is data to keep, <0 error. */
-static int take_control(struct tcp_comm *c, int peer, double deadline) {
-  struct tcp_peer *p = &c->peers[peer];
-  struct tcp_hdr *h = &p->hdr;
-  if (h->type == TCP_F_ABORT) {
-    p->have_hdr = 0;
-    p->hgot = 0;
-    return abort_from(c, peer, h);
-  }
-  if (h->type == TCP_F_BYE) {
-    p->departed = 1;
-    p->have_hdr = 0;
-    p->hgot = 0;
-    return 1;
-  }
-  if (h->type == TCP_F_ACK) { /* the peer has read a single-copy send */
-    p->cma_acked++;
-    p->have_hdr = 0;
-    p->hgot = 0;
-    return 1;
-  }
-  if (h->type == TCP_F_P2P) {
-    if (h->len > MAX_UNEXPECTED)
-      return tcp_fail(c, DCOMM_EPROTO, "tcp %s: rank %d sent an oversized message (%llu bytes)", c->label, peer,
-                      (unsigned long long)h->len);
-    struct tcp_uq *q = calloc(1, sizeof(*q));
-    if (q) q->data = malloc(h->len ? h->len : 1);
-    if (!q || !q->data) {
-      if (q) free(q);
-      return tcp_fail(c, DCOMM_ENOMEM, "tcp %s: out of memory queueing a message from rank %d", c->label, peer);
-    }
-    q->hdr = *h;
-    p->have_hdr = 0;
-    p->hgot = 0;
-    int rc = read_full(c, peer, q->data, h->len, deadline);
-    if (rc < 0) {
-      free(q->data);
-      free(q);
-      return rc;
-    }
-    if (p->uq_tail) p->uq_tail->next = q;
-    else p->uq_head = q;
-    p->uq_tail = q;
-    return 1;
-  }
-  if (h->type == TCP_F_DATA) return 0;
-  return tcp_fail(c, DCOMM_EPROTO, "tcp %s: unknown frame type %d from rank %d", c->label, h->type, peer);
-}
-
-static void describe_args(char *buf, size_t len, const struct dcomm_host *h, int coll, uint64_t seq, uint64_t count,
-                          int dtype, int op, int root) {
-  if (coll == DCOMM_COLL_BARRIER)
-    snprintf(buf, len, "barrier(seq %llu)", (unsigned long long)seq);
-  else if (coll == DCOMM_COLL_SEND || coll == DCOMM_COLL_RECV)
-    snprintf(buf, len, "%s(count %llu, %s, tag %d)", coll_name(coll), (unsigned long long)count, h->dtype_name(dtype),
-             root);
-  else {
-    int reducing = coll == DCOMM_COLL_ALL_REDUCE || coll == DCOMM_COLL_REDUCE || coll == DCOMM_COLL_REDUCE_SCATTER;
-    int rooted = coll == DCOMM_COLL_REDUCE || coll == DCOMM_COLL_BROADCAST || coll == DCOMM_COLL_GATHER ||
-                 coll == DCOMM_COLL_SCATTER;
-    char opbuf[32] = "", rootbuf[32] = "";
-    if (reducing) snprintf(opbuf, sizeof(opbuf), ", op %s", h->op_name(op));
-    if (rooted) snprintf(rootbuf, sizeof(rootbuf), ", root %d", root);
-    snprintf(buf, len, "%s(seq %llu, count %llu, %s%s%s)", coll_name(coll), (unsigned long long)seq,
-             (unsigned long long)count, h->dtype_name(dtype), opbuf, rootbuf);
-  }
-}
-
-static int sig_matches(const struct tcp_hdr *h, const struct dcomm_coll_args *a) {
-  int mine_coll = a->coll == DCOMM_COLL_RECV ? DCOMM_COLL_SEND : (int)a->coll;
-  return h->coll == mine_coll && h->seq == a->seq && h->count == a->count && h->dtype == (uint8_t)a->dtype &&
-         h->op == (uint8_t)a->op && h->root == (a->coll == DCOMM_COLL_RECV ? a->tag : a->root);
-}
-
-static int mismatch(struct tcp_comm *c, int peer, const struct dcomm_coll_args *a) {
-  const struct tcp_hdr *h = &c->peers[peer].hdr;
-  const struct dcomm_host *host = c->ctx->host;
-  char theirs[160], mine[160];
-  describe_args(theirs, sizeof(theirs), host, h->coll, h->seq, h->count, h->dtype, h->op, h->root);
-  describe_args(mine, sizeof(mine), host, (int)a->coll, a->seq, a->count, (int)a->dtype, (int)a->op,
-                a->coll == DCOMM_COLL_RECV ? a->tag : a->root);
-  return tcp_fail(c, DCOMM_EMISMATCH, "tcp %s: mismatched calls: rank %d (world rank %d) called %s but rank %d called %s",
-                  c->label, peer, world_of(c, peer), theirs, c->rank, mine);
-}
-
-/* Checks a DATA/P2P header against what this rank called. */
-static int check_hdr(struct tcp_comm *c, int peer, const struct tcp_xop *op, const struct dcomm_coll_args *a) {
-  const struct tcp_hdr *h = &c->peers[peer].hdr;
-  int ok = h->len == op->len;
-  if (c->ctx->check_mismatch || a->coll == DCOMM_COLL_RECV) ok = ok && sig_matches(h, a);
-  return ok ? 0 : mismatch(c, peer, a);
-}
-
-/* Whether a frame goes single-copy: a collective's payload of at least
- * DCOMM_SHM_CMA_MIN (DCOMM_SHM_CMA_FWD_MIN for data this rank wrote in the
- * same call) on a link whose ends may read each other's memory. Never
- * p2p: a blocking send must not wait for its receiver. */
 static int use_cma(const struct tcp_comm *c, const struct tcp_peer *p, int type, size_t len, int fwd) {
   size_t min = fwd ? c->ctx->cma_fwd_min : c->ctx->cma_min;
   return c->ctx->cma_min && type == TCP_F_DATA && len >= min && tcp_shm_cma_pid(p->shm);
@@ -328,10 +38,10 @@ static int await_ack(struct tcp_comm *c, struct tcp_xop *op, const struct dcomm_
   while (p->cma_acked < op->ticket) {
     if (p->departed)
       return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: rank %d (world rank %d) finalized before reading this rank's data",
-                      c->label, op->peer, world_of(c, op->peer));
-    int rc = read_hdr(c, op->peer);
+                      c->label, op->peer, tcp_world_of(c, op->peer));
+    int rc = tcp_read_hdr(c, op->peer);
     if (rc <= 0) return rc;
-    rc = take_control(c, op->peer, a->deadline);
+    rc = tcp_take_control(c, op->peer, a->deadline);
     if (rc <= 0) return rc; /* a data frame: a receive's */
   }
   op->done = sizeof(op->hdr) + op->len;
@@ -353,7 +63,7 @@ static int progress_send_ring(struct tcp_comm *c, struct tcp_xop *op, const stru
   struct tcp_peer *p = &c->peers[op->peer];
   if (p->closed)
     return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: lost rank %d (world rank %d) while sending to it (its link closed)",
-                    c->label, op->peer, world_of(c, op->peer));
+                    c->label, op->peer, tcp_world_of(c, op->peer));
   if (op->done == 0 && use_cma(c, p, op->hdr.type, op->len, op->fwd)) {
     uint64_t addr = (uint64_t)(uintptr_t)op->sbuf;
     if (!tcp_shm_fits(p->shm, sizeof(addr))) return 0;
@@ -386,7 +96,7 @@ static int progress_recv_cma(struct tcp_comm *c, struct tcp_xop *op, const struc
   if (!op->cma) {
     const void *src;
     if (tcp_shm_peek(p->shm, &src) < sizeof(op->raddr)) /* published with the header */
-      return p->closed ? lost_msg(c, op->peer, " in the middle of a message") : 0;
+      return p->closed ? tcp_lost_msg(c, op->peer, " in the middle of a message") : 0;
     memcpy(&op->raddr, src, sizeof(op->raddr));
     tcp_shm_consume(p->shm, sizeof(op->raddr));
     op->cma = 1;
@@ -407,13 +117,13 @@ static int progress_recv_cma(struct tcp_comm *c, struct tcp_xop *op, const struc
        * frame, if it sent one, tells which. */
       for (double until = c->ctx->host->now() + 0.2; e != EPERM && !p->closed && c->ctx->host->now() < until;) {
         struct pollfd pf = {.fd = p->fd, .events = POLLIN | POLLRDHUP};
-        if (poll(&pf, 1, 20) > 0) TCP_CHECK(shm_drain(c, op->peer));
+        if (poll(&pf, 1, 20) > 0) TCP_CHECK(tcp_shm_drain(c, op->peer));
       }
       if (e == EPERM)
         return tcp_fail(c, DCOMM_ESYSTEM, "tcp %s: reading rank %d's (world rank %d) data with process_vm_readv: %s "
-                        "(DCOMM_SHM_CMA_MIN=0 turns single copy off)", c->label, op->peer, world_of(c, op->peer), strerror(e));
+                        "(DCOMM_SHM_CMA_MIN=0 turns single copy off)", c->label, op->peer, tcp_world_of(c, op->peer), strerror(e));
       return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: rank %d's (world rank %d) data vanished while this rank read it (%s): "
-                      "it died or left the collective", c->label, op->peer, world_of(c, op->peer), strerror(e));
+                      "it died or left the collective", c->label, op->peer, tcp_world_of(c, op->peer), strerror(e));
     }
     if (op->reduce) c->ctx->host->reduce((char *)op->rbuf + op->done, c->cma_stage, n / dcomm_dtype_size(a->dtype), a->dtype, a->op);
     op->done += n;
@@ -441,7 +151,7 @@ static int progress_recv_ring(struct tcp_comm *c, struct tcp_xop *op, const stru
     if (!n) {
       if (p->closed)
         return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: the link from rank %d (world rank %d) closed in the middle of its data (it died or aborted)",
-                        c->label, op->peer, world_of(c, op->peer));
+                        c->label, op->peer, tcp_world_of(c, op->peer));
       return 0;
     }
     if (op->reduce) c->ctx->host->reduce((char *)op->rbuf + op->done, src, n / es, a->dtype, a->op);
@@ -478,13 +188,13 @@ static int progress_send(struct tcp_comm *c, struct tcp_xop *op, const struct dc
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
     /* The peer is gone; its ABORT, if it sent one, explains why. */
-    if (!p->have_hdr && read_hdr(c, op->peer) == 1) {
-      int rc = take_control(c, op->peer, c->ctx->host->now() + 1.0);
+    if (!p->have_hdr && tcp_read_hdr(c, op->peer) == 1) {
+      int rc = tcp_take_control(c, op->peer, c->ctx->host->now() + 1.0);
       if (rc < 0) return rc;
     }
     p->closed = 1;
     return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: lost rank %d (world rank %d) while sending to it (%s)", c->label,
-                    op->peer, world_of(c, op->peer), n < 0 ? strerror(errno) : "closed");
+                    op->peer, tcp_world_of(c, op->peer), n < 0 ? strerror(errno) : "closed");
   }
   op->complete = 1;
   return 0;
@@ -494,23 +204,23 @@ static int progress_recv(struct tcp_comm *c, struct tcp_xop *op, const struct dc
   struct tcp_peer *p = &c->peers[op->peer];
   const struct dcomm_host *h = c->ctx->host;
   while (!op->hdr_ok) {
-    int rc = read_hdr(c, op->peer);
+    int rc = tcp_read_hdr(c, op->peer);
     if (rc <= 0) return rc;
     int want = a->coll == DCOMM_COLL_RECV ? TCP_F_P2P : TCP_F_DATA;
     if (p->hdr.type == want && !(want == TCP_F_P2P && p->hdr.root != a->tag)) {
-      TCP_CHECK(check_hdr(c, op->peer, op, a));
+      TCP_CHECK(tcp_check_hdr(c, op->peer, op, a));
       op->hdr_ok = 1;
       break;
     }
     if (p->hdr.type == TCP_F_DATA) {
       /* Collective data while this rank waits in recv (or the reverse). */
-      TCP_CHECK(check_hdr(c, op->peer, op, a));
+      TCP_CHECK(tcp_check_hdr(c, op->peer, op, a));
     }
-    rc = take_control(c, op->peer, a->deadline);
+    rc = tcp_take_control(c, op->peer, a->deadline);
     if (rc < 0) return rc;
     if (p->departed)
       return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: rank %d (world rank %d) finalized while this rank waits for its data",
-                      c->label, op->peer, world_of(c, op->peer));
+                      c->label, op->peer, tcp_world_of(c, op->peer));
   }
   if (p->shm) return progress_recv_ring(c, op, a);
   size_t chunk = c->ctx->chunk;
@@ -540,7 +250,7 @@ static int progress_recv(struct tcp_comm *c, struct tcp_xop *op, const struct dc
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
     p->closed = 1;
     return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: the link from rank %d (world rank %d) closed in the middle of its data (%s; it died or aborted)", c->label,
-                    op->peer, world_of(c, op->peer), n < 0 ? strerror(errno) : "link closed");
+                    op->peer, tcp_world_of(c, op->peer), n < 0 ? strerror(errno) : "link closed");
   }
   p->have_hdr = 0;
   p->hgot = 0;
@@ -554,19 +264,19 @@ static int progress_recv(struct tcp_comm *c, struct tcp_xop *op, const struct dc
  * is a mismatch, found here even when no rank reads from that link. */
 static int watch_peer(struct tcp_comm *c, int peer, const struct dcomm_coll_args *a) {
   struct tcp_peer *p = &c->peers[peer];
-  if (p->shm) TCP_CHECK(shm_drain(c, peer));
+  if (p->shm) TCP_CHECK(tcp_shm_drain(c, peer));
   for (;;) {
     if (p->have_hdr) {
       const struct tcp_hdr *h = &p->hdr;
       if (c->ctx->check_mismatch && a->coll != DCOMM_COLL_SEND && a->coll != DCOMM_COLL_RECV && h->type == TCP_F_DATA &&
-          (h->seq < a->seq || (h->seq == a->seq && !sig_matches(h, a))))
-        return mismatch(c, peer, a);
+          (h->seq < a->seq || (h->seq == a->seq && !tcp_sig_matches(h, a))))
+        return tcp_mismatch(c, peer, a);
       p->watch_off = 1;
       return 0;
     }
-    int rc = read_hdr(c, peer);
+    int rc = tcp_read_hdr(c, peer);
     if (rc <= 0) return rc;
-    rc = take_control(c, peer, a->deadline);
+    rc = tcp_take_control(c, peer, a->deadline);
     if (rc < 0) return rc;
     if (p->departed) {
       p->watch_off = 1;
@@ -755,7 +465,7 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
         if (!ops[i].complete)
           return tcp_fail(c, DCOMM_ETIMEDOUT, "tcp %s: timed out %s rank %d (world rank %d) in %s", c->label,
                           ops[i].is_send ? "sending to" : "waiting for data from", ops[i].peer,
-                          world_of(c, ops[i].peer), coll_name(a->coll));
+                          tcp_world_of(c, ops[i].peer), tcp_coll_name(a->coll));
     }
     int rc = poll(pf, (nfds_t)np, may_sleep && wait_s > 0 ? (int)(wait_s * 1000) + 1 : 0);
     if (rc < 0 && errno != EINTR) return tcp_fail(c, DCOMM_ESYSTEM, "tcp: poll: %s", strerror(errno));
@@ -771,7 +481,7 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
       if (who[k] >= 0) {
         struct tcp_xop *op = &ops[who[k]];
         if (op->complete) continue;
-        if (c->peers[op->peer].shm) TCP_CHECK(shm_drain(c, op->peer));
+        if (c->peers[op->peer].shm) TCP_CHECK(tcp_shm_drain(c, op->peer));
         TCP_CHECK(step_op(c, op, a, &left));
       } else {
         TCP_CHECK(watch_peer(c, -who[k] - 1, a));
@@ -801,8 +511,8 @@ int tcp_p2p_recv(struct tcp_comm *c, const struct dcomm_coll_args *a) {
     if (q->hdr.root != a->tag) continue;
     if (q->hdr.len != len || q->hdr.count != a->count || q->hdr.dtype != (uint8_t)a->dtype) {
       char theirs[160], mine[160];
-      describe_args(theirs, sizeof(theirs), c->ctx->host, DCOMM_COLL_SEND, 0, q->hdr.count, q->hdr.dtype, 0, q->hdr.root);
-      describe_args(mine, sizeof(mine), c->ctx->host, DCOMM_COLL_RECV, 0, a->count, (int)a->dtype, 0, a->tag);
+      tcp_describe_args(theirs, sizeof(theirs), c->ctx->host, DCOMM_COLL_SEND, 0, q->hdr.count, q->hdr.dtype, 0, q->hdr.root);
+      tcp_describe_args(mine, sizeof(mine), c->ctx->host, DCOMM_COLL_RECV, 0, a->count, (int)a->dtype, 0, a->tag);
       return tcp_fail(c, DCOMM_EMISMATCH, "tcp %s: mismatched calls: rank %d called %s but rank %d called %s", c->label,
                       a->root, theirs, c->rank, mine);
     }

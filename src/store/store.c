@@ -159,6 +159,10 @@ int dcomm__store_txn(struct dcomm_store *s, const struct dcomm_store_cmp *cmps, 
     if (rc == 0) rc = full_key(s, puts[i].key, keys[ncmp + i]);
     p[i].key = keys[ncmp + i];
   }
+  /* etcd refuses a txn that puts one key twice; so do the others. */
+  for (int i = 0; rc == 0 && i < nput; i++)
+    for (int j = 0; rc == 0 && j < i; j++)
+      if (!strcmp(p[i].key, p[j].key)) rc = dcomm__err(DCOMM_EINVAL, "store txn: key '%.200s' is put twice", p[i].key);
   if (rc == 0) rc = s->ops->txn(s, c, ncmp, p, nput, done);
   free(keys);
   return rc;

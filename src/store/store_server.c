@@ -424,6 +424,8 @@ static int read_txn(struct conn *c, struct txn_req *t, double dl) {
     if (t->kind[i] > DCOMM_STORE_EQUAL) return send_error(c, DCOMM_EPROTO, 1, "txn: compare kind %u", t->kind[i]);
     DCOMM_CHECK(read_key(c, &t->key[i], &t->klen[i], dl));
     DCOMM_CHECK(read_value(c, &t->val[i], &t->vlen[i], dl));
+    if (t->kind[i] != DCOMM_STORE_EQUAL && t->vlen[i])
+      return send_error(c, DCOMM_EPROTO, 1, "txn: compare %d of kind %u carries a value", i, t->kind[i]);
   }
   DCOMM_CHECK(read_fixed(c, &n, 1, dl));
   if (n < 1 || n > DCOMM_STORE_TXN_MAX) return send_error(c, DCOMM_EPROTO, 1, "txn: %u puts (1..%d)", n, DCOMM_STORE_TXN_MAX);
