@@ -42,12 +42,13 @@ cuda=${CUDA_HOME:-/usr/local/cuda}
 src=${top_srcdir:-.}
 if [ -f "$cuda/include/cuda_runtime_api.h" ] && [ -f "$cuda/include/nccl.h" ]; then
   out=$(mktemp -d)
-  if ${CC:-cc} -Wall -Wextra -Werror -I "$src/include" -I "$src/tools" -I "$b" -I "$cuda/include" "$src/tests/gpu/gpu_coll.c" \
-    "$src/tests/gpu/gpu_nccl_ref.c" "$src/tools/bench_util.c" -L"$b/.libs" -ldcomm -L"$cuda/lib64" -lnccl -lcudart -lm \
-    -o "$out/gpu_coll" 2>"$out/log" &&
-    ${CC:-cc} -Wall -Wextra -Werror -I "$src/include" -I "$cuda/include" "$src/tests/gpu/gpu_shrink.c" -L"$cuda/lib64" \
-      -lcudart -ldl -lpthread -o "$out/gpu_shrink" 2>>"$out/log" &&
-    ${CC:-cc} -Wall -Wextra -Werror -I "$src/include" -I "$cuda/include" "$src/tests/gpu/gpu_elastic.c" -L"$b/.libs" -ldcomm \
+  g=$src/tests/gpu
+  if ${CC:-cc} -Wall -Wextra -Werror -I "$src/include" -I "$src/tools" -I "$b" -I "$cuda/include" "$g/gpu_coll.c" \
+    "$g/gpu_nccl_ref.c" "$g/gpu_harness.c" "$src/tools/bench_util.c" -L"$b/.libs" -ldcomm -L"$cuda/lib64" -lnccl -lcudart \
+    -lm -o "$out/gpu_coll" 2>"$out/log" &&
+    ${CC:-cc} -Wall -Wextra -Werror -I "$src/include" -I "$cuda/include" "$g/gpu_shrink.c" "$g/gpu_harness.c" \
+      -L"$cuda/lib64" -lcudart -ldl -lpthread -o "$out/gpu_shrink" 2>>"$out/log" &&
+    ${CC:-cc} -Wall -Wextra -Werror -I "$src/include" -I "$cuda/include" "$g/gpu_elastic.c" -L"$b/.libs" -ldcomm \
       -L"$cuda/lib64" -lcudart -o "$out/gpu_elastic" 2>>"$out/log"; then
     echo "ok: tests/gpu programs compile and link"
   else

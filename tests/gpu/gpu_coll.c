@@ -13,57 +13,23 @@
  * forces an abort followed by finalize and a new init (timed). The last
  * line is "[rank R] GPU checks: N passed, M failed"; exit 0 when M is 0.
  */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime, setenv */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 
 #include <cuda_runtime_api.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "bench_util.h"
 #include "dcomm.h"
 #include "dcomm_elastic.h"
+#include "gpu_harness.h"
 
-static int me, np = 1, passed, failed;
+static int me, np = 1;
 int gpu_side_by_side(int me, int np, char *why, size_t wl); /* gpu_nccl_ref.c */
 static int multi;      /* launched through env:// */
 static int base_port;  /* the store port of the first init */
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void finish(void) {
-  printf("[rank %d] GPU checks: %d passed, %d failed\n", me, passed, failed);
-  fflush(stdout);
-  exit(failed ? 1 : 0);
-}
-
-static void result(int ok, const char *fmt, ...) {
-  va_list ap;
-  printf("[rank %d] %s ", me, ok ? "ok  " : "FAIL");
-  va_start(ap, fmt);
-  vprintf(fmt, ap);
-  va_end(ap);
-  printf("\n");
-  fflush(stdout);
-  if (ok) passed++;
-  else failed++;
-}
-
-static void figure(const char *fmt, ...) {
-  va_list ap;
-  printf("[rank %d] figure: ", me);
-  va_start(ap, fmt);
-  vprintf(fmt, ap);
-  va_end(ap);
-  printf("\n");
-}
 
 /* rc as text, with the library's sentence when it failed. */
 static const char *rctext(int rc) {
@@ -73,20 +39,18 @@ static const char *rctext(int rc) {
   return buf;
 }
 
-static void cu(cudaError_t e, const char *what) {
-  if (e == cudaSuccess) return;
-  result(0, "%s: %s", what, cudaGetErrorString(e));
-  finish();
-}
-
 static void *dalloc(size_t bytes) {
   void *p = NULL;
-  cu(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc");
+  gpu_cuda_check(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc");
   return p;
 }
 
-static void up(void *d, const void *h, size_t n) { cu(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), "cudaMemcpy H2D"); }
-static void down(void *h, const void *d, size_t n) { cu(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost), "cudaMemcpy D2H"); }
+static void up(void *d, const void *h, size_t n) {
+  gpu_cuda_check(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+}
+static void down(void *h, const void *d, size_t n) {
+  gpu_cuda_check(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+}
 
 static int close_to(double a, double b) {
   double d = a > b ? a - b : b - a, m = b < 0 ? -b : b;
@@ -128,8 +92,8 @@ static void check_dtypes(void) {
       for (int p = 0; p < np; p++) want += v_of(p, i);
       if (!close_to(got, want) && !bad++) snprintf(note, sizeof(note), "; first at %zu: got %g, want %g", i, got, want);
     }
-    result(rc == 0 && bad == 0, "all_reduce sum %-8s count %zu: rc %s, %zu wrong%s", dt_names[dt], n, rctext(rc), bad,
-           note);
+    gpu_result(rc == 0 && bad == 0, "all_reduce sum %-8s count %zu: rc %s, %zu wrong%s", dt_names[dt], n, rctext(rc),
+               bad, note);
     cudaFree(d);
     free(h);
   }
@@ -157,7 +121,7 @@ static void check_ops(void) {
     int rc = dcomm_all_reduce(d, n, DCOMM_FLOAT32, (dcomm_op_t)op, NULL);
     down(h, d, sizeof(h));
     size_t bad = mismatches(h, want, n, note, sizeof(note));
-    result(rc == 0 && bad == 0, "all_reduce float32 %-4s: rc %s, %zu wrong%s", op_names[op], rctext(rc), bad, note);
+    gpu_result(rc == 0 && bad == 0, "all_reduce float32 %-4s: rc %s, %zu wrong%s", op_names[op], rctext(rc), bad, note);
   }
   /* reduce to the last rank */
   int root = np - 1;
@@ -171,7 +135,7 @@ static void check_ops(void) {
   down(h, d, sizeof(h));
   size_t bad = me == root ? mismatches(h, want, n, note, sizeof(note)) : 0;
   if (me != root) note[0] = 0;
-  result(rc == 0 && bad == 0, "reduce sum to root %d: rc %s, %zu wrong%s", root, rctext(rc), bad, note);
+  gpu_result(rc == 0 && bad == 0, "reduce sum to root %d: rc %s, %zu wrong%s", root, rctext(rc), bad, note);
   cudaFree(d);
 }
 
@@ -191,7 +155,7 @@ static void check_broadcast(void) {
     int rc = dcomm_broadcast(d, n, DCOMM_FLOAT32, root, NULL);
     down(h, d, n * 4);
     size_t bad = mismatches(h, want, n, note, sizeof(note));
-    result(rc == 0 && bad == 0, "broadcast from root %d: rc %s, %zu wrong%s", root, rctext(rc), bad, note);
+    gpu_result(rc == 0 && bad == 0, "broadcast from root %d: rc %s, %zu wrong%s", root, rctext(rc), bad, note);
   }
   cudaFree(d);
   free(h);
@@ -210,50 +174,50 @@ static void check_gathers(void) {
   for (size_t i = 0; i < c; i++) hs[i] = (float)(me * 100 + (int)i);
   for (size_t j = 0; j < all; j++) want[j] = (float)((int)(j / c) * 100 + (int)(j % c));
   up(ds, hs, c * 4);
-  cu(cudaMemset(dr, 0, all * 4), "cudaMemset");
+  gpu_cuda_check(cudaMemset(dr, 0, all * 4), "cudaMemset");
   rc = dcomm_all_gather(ds, dr, c, DCOMM_FLOAT32, NULL);
   down(hr, dr, all * 4);
   bad = mismatches(hr, want, all, note, sizeof(note));
-  result(rc == 0 && bad == 0, "all_gather count %zu: rc %s, %zu wrong%s", c, rctext(rc), bad, note);
+  gpu_result(rc == 0 && bad == 0, "all_gather count %zu: rc %s, %zu wrong%s", c, rctext(rc), bad, note);
 
   /* gather to rank 0; non-roots pass no receive buffer */
-  cu(cudaMemset(dr, 0, all * 4), "cudaMemset");
+  gpu_cuda_check(cudaMemset(dr, 0, all * 4), "cudaMemset");
   rc = dcomm_gather(ds, me == 0 ? dr : NULL, c, DCOMM_FLOAT32, 0, NULL);
   down(hr, dr, all * 4);
   bad = me == 0 ? mismatches(hr, want, all, note, sizeof(note)) : 0;
   if (me) note[0] = 0;
-  result(rc == 0 && bad == 0, "gather to root 0: rc %s, %zu wrong%s", rctext(rc), bad, note);
+  gpu_result(rc == 0 && bad == 0, "gather to root 0: rc %s, %zu wrong%s", rctext(rc), bad, note);
 
   /* scatter from the last rank; non-roots pass no send buffer */
   int root = np - 1;
   for (size_t j = 0; j < all; j++) hs[j] = (float)((int)(j / c) * 100 + (int)(j % c));
   for (size_t i = 0; i < c; i++) want[i] = (float)(me * 100 + (int)i);
   up(ds, hs, all * 4);
-  cu(cudaMemset(dr, 0, all * 4), "cudaMemset");
+  gpu_cuda_check(cudaMemset(dr, 0, all * 4), "cudaMemset");
   rc = dcomm_scatter(me == root ? ds : NULL, dr, c, DCOMM_FLOAT32, root, NULL);
   down(hr, dr, c * 4);
   bad = mismatches(hr, want, c, note, sizeof(note));
-  result(rc == 0 && bad == 0, "scatter from root %d: rc %s, %zu wrong%s", root, rctext(rc), bad, note);
+  gpu_result(rc == 0 && bad == 0, "scatter from root %d: rc %s, %zu wrong%s", root, rctext(rc), bad, note);
 
   /* reduce_scatter: send[j] = me + j; rank r gets sum_p (p + r*c + i) */
   for (size_t j = 0; j < all; j++) hs[j] = (float)(me + (int)j);
   for (size_t i = 0; i < c; i++) want[i] = (float)(np * (np - 1) / 2 + np * (me * (int)c + (int)i));
   up(ds, hs, all * 4);
-  cu(cudaMemset(dr, 0, all * 4), "cudaMemset");
+  gpu_cuda_check(cudaMemset(dr, 0, all * 4), "cudaMemset");
   rc = dcomm_reduce_scatter(ds, dr, c, DCOMM_FLOAT32, DCOMM_SUM, NULL);
   down(hr, dr, c * 4);
   bad = mismatches(hr, want, c, note, sizeof(note));
-  result(rc == 0 && bad == 0, "reduce_scatter sum count %zu: rc %s, %zu wrong%s", c, rctext(rc), bad, note);
+  gpu_result(rc == 0 && bad == 0, "reduce_scatter sum count %zu: rc %s, %zu wrong%s", c, rctext(rc), bad, note);
 
   /* all_to_all: block p of rank r goes to rank p's block r */
   for (size_t j = 0; j < all; j++) hs[j] = (float)(me * 10000 + (int)(j / c) * 100 + (int)(j % c));
   for (size_t j = 0; j < all; j++) want[j] = (float)((int)(j / c) * 10000 + me * 100 + (int)(j % c));
   up(ds, hs, all * 4);
-  cu(cudaMemset(dr, 0, all * 4), "cudaMemset");
+  gpu_cuda_check(cudaMemset(dr, 0, all * 4), "cudaMemset");
   rc = dcomm_all_to_all(ds, dr, c, DCOMM_FLOAT32, NULL);
   down(hr, dr, all * 4);
   bad = mismatches(hr, want, all, note, sizeof(note));
-  result(rc == 0 && bad == 0, "all_to_all count %zu: rc %s, %zu wrong%s", c, rctext(rc), bad, note);
+  gpu_result(rc == 0 && bad == 0, "all_to_all count %zu: rc %s, %zu wrong%s", c, rctext(rc), bad, note);
 
   cudaFree(ds);
   cudaFree(dr);
@@ -265,7 +229,7 @@ static void check_gathers(void) {
 static void check_barrier_p2p(void) {
   int rc = 0;
   for (int k = 0; k < 3 && rc == 0; k++) rc = dcomm_barrier(NULL);
-  result(rc == 0, "barrier x3: rc %s", rctext(rc));
+  gpu_result(rc == 0, "barrier x3: rc %s", rctext(rc));
 
   if (np < 2) {
     printf("[rank %d] skip send/recv and tags: world of 1 (a rank cannot send to itself)\n", me);
@@ -294,10 +258,10 @@ static void check_barrier_p2p(void) {
   }
   down(h, d, n * 4);
   size_t bad = mismatches(h, want, n, note, sizeof(note));
-  result(rc1 == 0 && rc2 == 0 && bad == 0, "send/recv with rank %d: send rc %s, recv rc %s, %zu wrong%s", partner,
-         rctext(rc1), rctext(rc2), bad, note);
+  gpu_result(rc1 == 0 && rc2 == 0 && bad == 0, "send/recv with rank %d: send rc %s, recv rc %s, %zu wrong%s", partner,
+             rctext(rc1), rctext(rc2), bad, note);
   rc = dcomm_send(dsend, n, DCOMM_FLOAT32, partner, 5, NULL);
-  result(rc == DCOMM_ENOTSUP, "send with tag 5 is refused: rc %s", rctext(rc));
+  gpu_result(rc == DCOMM_ENOTSUP, "send with tag 5 is refused: rc %s", rctext(rc));
   cudaFree(d);
   cudaFree(dsend);
   free(h);
@@ -308,38 +272,39 @@ static void check_bad_buffers(void) {
   float *h = malloc(64 * 4);
   for (int i = 0; i < 64; i++) h[i] = 1;
   int rc = dcomm_all_reduce(h, 64, DCOMM_FLOAT32, DCOMM_SUM, NULL);
-  result(rc == DCOMM_EINVAL && strstr(dcomm_last_error(), "host memory"), "all_reduce on malloc'd memory is refused: rc %s",
-         rctext(rc));
+  gpu_result(rc == DCOMM_EINVAL && strstr(dcomm_last_error(), "host memory"),
+             "all_reduce on malloc'd memory is refused: rc %s", rctext(rc));
   free(h);
   void *pinned = NULL;
-  cu(cudaMallocHost(&pinned, 256), "cudaMallocHost");
+  gpu_cuda_check(cudaMallocHost(&pinned, 256), "cudaMallocHost");
   rc = dcomm_broadcast(pinned, 64, DCOMM_FLOAT32, 0, NULL);
-  result(rc == DCOMM_EINVAL && strstr(dcomm_last_error(), "host memory"),
-         "broadcast on cudaMallocHost memory is refused: rc %s", rctext(rc));
+  gpu_result(rc == DCOMM_EINVAL && strstr(dcomm_last_error(), "host memory"),
+             "broadcast on cudaMallocHost memory is refused: rc %s", rctext(rc));
   cudaFreeHost(pinned);
   rc = dcomm_all_reduce(NULL, 0, DCOMM_FLOAT32, DCOMM_SUM, NULL);
-  result(rc == 0, "all_reduce of count 0: rc %s", rctext(rc));
+  gpu_result(rc == 0, "all_reduce of count 0: rc %s", rctext(rc));
 }
 
 static void check_groups(void) {
   int *ranks = malloc(sizeof(int) * (size_t)np);
   for (int i = 0; i < np; i++) ranks[i] = np - 1 - i; /* reversed */
   dcomm_group_t g = NULL;
-  double t0 = now();
+  double t0 = gpu_now();
   int rc = dcomm_new_group(ranks, np, &g);
-  double t_new = now() - t0;
+  double t_new = gpu_now() - t0;
   int grank = rc == 0 ? dcomm_group_rank(g) : -1;
-  result(rc == 0 && grank == np - 1 - me, "new_group (reversed world): rc %s, group rank %d, %.3f s", rctext(rc), grank, t_new);
+  gpu_result(rc == 0 && grank == np - 1 - me, "new_group (reversed world): rc %s, group rank %d, %.3f s", rctext(rc),
+             grank, t_new);
   if (rc == 0) {
     int *d = dalloc(4), v = grank + 1;
     up(d, &v, 4);
     rc = dcomm_all_reduce(d, 1, DCOMM_INT32, DCOMM_SUM, g);
     down(&v, d, 4);
-    result(rc == 0 && v == np * (np + 1) / 2, "all_reduce on the new group: rc %s, got %d want %d", rctext(rc), v,
-           np * (np + 1) / 2);
+    gpu_result(rc == 0 && v == np * (np + 1) / 2, "all_reduce on the new group: rc %s, got %d want %d", rctext(rc), v,
+               np * (np + 1) / 2);
     cudaFree(d);
     rc = dcomm_group_free(g);
-    result(rc == 0, "group_free: rc %s", rctext(rc));
+    gpu_result(rc == 0, "group_free: rc %s", rctext(rc));
   }
   free(ranks);
 
@@ -350,14 +315,16 @@ static void check_groups(void) {
     for (int i = 0; i < np - 1; i++) sub[i] = i;
     dcomm_group_t h = NULL;
     rc = dcomm_new_group(sub, np - 1, &h);
-    result(rc == 0, "new_group of ranks 0..%d: rc %s", np - 2, rctext(rc));
+    gpu_result(rc == 0, "new_group of ranks 0..%d: rc %s", np - 2, rctext(rc));
     if (rc == 0) {
       int *d = dalloc(4), v = 1;
       up(d, &v, 4);
       rc = dcomm_all_reduce(d, 1, DCOMM_INT32, DCOMM_SUM, h);
       down(&v, d, 4);
-      if (me < np - 1) result(rc == 0 && v == np - 1, "all_reduce on it: rc %s, got %d want %d", rctext(rc), v, np - 1);
-      else result(rc == DCOMM_ENOTMEMBER, "the rank left out gets DCOMM_ENOTMEMBER: rc %s", rctext(rc));
+      if (me < np - 1)
+        gpu_result(rc == 0 && v == np - 1, "all_reduce on it: rc %s, got %d want %d", rctext(rc), v, np - 1);
+      else
+        gpu_result(rc == DCOMM_ENOTMEMBER, "the rank left out gets DCOMM_ENOTMEMBER: rc %s", rctext(rc));
       cudaFree(d);
       dcomm_group_free(h);
     }
@@ -367,7 +334,7 @@ static void check_groups(void) {
     up(d, &v, 4);
     rc = dcomm_all_reduce(d, 1, DCOMM_INT32, DCOMM_SUM, NULL);
     down(&v, d, 4);
-    result(rc == 0 && v == np, "world all_reduce after the splits: rc %s, got %d want %d", rctext(rc), v, np);
+    gpu_result(rc == 0 && v == np, "world all_reduce after the splits: rc %s, got %d want %d", rctext(rc), v, np);
     cudaFree(d);
   }
 
@@ -375,7 +342,7 @@ static void check_groups(void) {
    * the backend, so this fails if that exchange uses host memory */
   dcomm_group_t s = NULL;
   rc = dcomm_group_split(NULL, me % 2, me, &s);
-  result(rc == 0, "group_split by parity: rc %s", rctext(rc));
+  gpu_result(rc == 0, "group_split by parity: rc %s", rctext(rc));
   if (rc == 0) {
     int want = 0;
     for (int p = me % 2; p < np; p += 2) want += p;
@@ -383,7 +350,7 @@ static void check_groups(void) {
     up(d, &v, 4);
     rc = dcomm_all_reduce(d, 1, DCOMM_INT32, DCOMM_SUM, s);
     down(&v, d, 4);
-    result(rc == 0 && v == want, "all_reduce on the split group: rc %s, got %d want %d", rctext(rc), v, want);
+    gpu_result(rc == 0 && v == want, "all_reduce on the split group: rc %s, got %d want %d", rctext(rc), v, want);
     cudaFree(d);
     dcomm_group_free(s);
   }
@@ -391,27 +358,27 @@ static void check_groups(void) {
 
 static void figures(void) {
   float *d = dalloc(64u << 20);
-  cu(cudaMemset(d, 0, 64u << 20), "cudaMemset");
+  gpu_cuda_check(cudaMemset(d, 0, 64u << 20), "cudaMemset");
   int rc = 0, iters = 200;
   for (int i = 0; i < 10 && rc == 0; i++) rc = dcomm_all_reduce(d, 1, DCOMM_FLOAT32, DCOMM_SUM, NULL);
-  double t0 = now();
+  double t0 = gpu_now();
   for (int i = 0; i < iters && rc == 0; i++) rc = dcomm_all_reduce(d, 1, DCOMM_FLOAT32, DCOMM_SUM, NULL);
-  double lat = (now() - t0) / iters;
-  result(rc == 0, "latency loop: rc %s", rctext(rc));
-  if (rc == 0 && me == 0) figure("all_reduce 4 B: %.1f us per call (%d ranks, %d calls)", lat * 1e6, np, iters);
-  t0 = now();
+  double lat = (gpu_now() - t0) / iters;
+  gpu_result(rc == 0, "latency loop: rc %s", rctext(rc));
+  if (rc == 0 && me == 0) gpu_figure("all_reduce 4 B: %.1f us per call (%d ranks, %d calls)", lat * 1e6, np, iters);
+  t0 = gpu_now();
   for (int i = 0; i < iters && rc == 0; i++) rc = dcomm_barrier(NULL);
-  if (rc == 0 && me == 0) figure("barrier: %.1f us per call", (now() - t0) / iters * 1e6);
+  if (rc == 0 && me == 0) gpu_figure("barrier: %.1f us per call", (gpu_now() - t0) / iters * 1e6);
   size_t n = (64u << 20) / 4;
   iters = 20;
   for (int i = 0; i < 3 && rc == 0; i++) rc = dcomm_all_reduce(d, n, DCOMM_FLOAT32, DCOMM_SUM, NULL);
-  t0 = now();
+  t0 = gpu_now();
   for (int i = 0; i < iters && rc == 0; i++) rc = dcomm_all_reduce(d, n, DCOMM_FLOAT32, DCOMM_SUM, NULL);
-  double per = (now() - t0) / iters, algbw = (double)(n * 4) / per / 1e9;
-  result(rc == 0, "bandwidth loop: rc %s", rctext(rc));
+  double per = (gpu_now() - t0) / iters, algbw = (double)(n * 4) / per / 1e9;
+  gpu_result(rc == 0, "bandwidth loop: rc %s", rctext(rc));
   if (rc == 0 && me == 0)
-    figure("all_reduce 64 MiB: %.3f ms per call, algbw %.1f GB/s, busbw %.1f GB/s", per * 1e3, algbw,
-           np > 1 ? algbw * 2.0 * (np - 1) / np : algbw);
+    gpu_figure("all_reduce 64 MiB: %.3f ms per call, algbw %.1f GB/s, busbw %.1f GB/s", per * 1e3, algbw,
+               np > 1 ? algbw * 2.0 * (np - 1) / np : algbw);
   cudaFree(d);
 }
 
@@ -433,39 +400,40 @@ static int do_init(int port) {
 static void abort_cycle(void) {
   size_t n = (256u << 20) / 4; /* 256 MiB per rank */
   float *ds = dalloc(n * 4), *dr = dalloc(n * 4 * (size_t)np);
-  cu(cudaMemset(ds, 1, n * 4), "cudaMemset");
+  gpu_cuda_check(cudaMemset(ds, 1, n * 4), "cudaMemset");
   int rc = dcomm_group_set_timeout(NULL, 1e-6);
-  result(rc == 0, "set a 1 us timeout on the world: rc %s", rctext(rc));
-  double t0 = now();
+  gpu_result(rc == 0, "set a 1 us timeout on the world: rc %s", rctext(rc));
+  double t0 = gpu_now();
   rc = dcomm_all_gather(ds, dr, n, DCOMM_FLOAT32, NULL);
-  double t_to = now() - t0;
-  result(rc == DCOMM_ETIMEDOUT, "all_gather of 256 MiB under a 1 us timeout times out: rc %s, %.3f s", rctext(rc), t_to);
-  t0 = now();
+  double t_to = gpu_now() - t0;
+  gpu_result(rc == DCOMM_ETIMEDOUT, "all_gather of 256 MiB under a 1 us timeout times out: rc %s, %.3f s", rctext(rc),
+             t_to);
+  t0 = gpu_now();
   rc = dcomm_barrier(NULL);
-  double t_later = now() - t0;
-  result(rc < 0 && t_later < 1.0, "a later barrier fails at once: rc %s, %.3f s", rctext(rc), t_later);
-  result(rc == DCOMM_EREVOKED, "... with DCOMM_EREVOKED: rc %s", rctext(rc));
+  double t_later = gpu_now() - t0;
+  gpu_result(rc < 0 && t_later < 1.0, "a later barrier fails at once: rc %s, %.3f s", rctext(rc), t_later);
+  gpu_result(rc == DCOMM_EREVOKED, "... with DCOMM_EREVOKED: rc %s", rctext(rc));
   cudaFree(ds);
   cudaFree(dr);
-  t0 = now();
+  t0 = gpu_now();
   rc = dcomm_finalize();
-  double t_fin = now() - t0;
-  result(rc == 0, "finalize after the abort: rc %s, %.3f s", rctext(rc), t_fin);
-  t0 = now();
+  double t_fin = gpu_now() - t0;
+  gpu_result(rc == 0, "finalize after the abort: rc %s, %.3f s", rctext(rc), t_fin);
+  t0 = gpu_now();
   rc = do_init(base_port + 1);
-  double t_init = now() - t0;
-  result(rc == 0, "init again (store port %d): rc %s, %.3f s", base_port + 1, rctext(rc), t_init);
+  double t_init = gpu_now() - t0;
+  gpu_result(rc == 0, "init again (store port %d): rc %s, %.3f s", base_port + 1, rctext(rc), t_init);
   if (rc != 0) return;
   int *d = dalloc(4), v = me + 1;
   up(d, &v, 4);
   rc = dcomm_all_reduce(d, 1, DCOMM_INT32, DCOMM_SUM, NULL);
   down(&v, d, 4);
-  result(rc == 0 && v == np * (np + 1) / 2, "all_reduce after the new init: rc %s, got %d want %d", rctext(rc), v,
-         np * (np + 1) / 2);
+  gpu_result(rc == 0 && v == np * (np + 1) / 2, "all_reduce after the new init: rc %s, got %d want %d", rctext(rc), v,
+             np * (np + 1) / 2);
   cudaFree(d);
   if (me == 0)
-    figure("abort cycle: timeout+abort %.1f ms, later op %.3f ms, finalize %.1f ms, new init %.1f ms", t_to * 1e3,
-           t_later * 1e3, t_fin * 1e3, t_init * 1e3);
+    gpu_figure("abort cycle: timeout+abort %.1f ms, later op %.3f ms, finalize %.1f ms, new init %.1f ms", t_to * 1e3,
+               t_later * 1e3, t_fin * 1e3, t_init * 1e3);
 }
 
 /* Checkpoints with a device-memory-only backend: rank 0's outcome and the
@@ -476,14 +444,14 @@ static void check_checkpoint(void) {
   snprintf(dir, sizeof(dir), "%s/ckpt.%d", top && *top ? top : "/tmp", base_port);
   double payload[4] = {1.5, -2.25, 1e300, (double)np};
   int rc = dcomm_checkpoint_save(dir, 7, payload, sizeof(payload));
-  result(rc == 0, "checkpoint_save of step 7 with the nccl world: rc %s", rctext(rc));
+  gpu_result(rc == 0, "checkpoint_save of step 7 with the nccl world: rc %s", rctext(rc));
   void *data = NULL;
   size_t len = 0;
   uint64_t step = 0;
   rc = dcomm_checkpoint_load(dir, &data, &len, &step);
-  result(rc == 0 && step == 7 && len == sizeof(payload) && data && !memcmp(data, payload, sizeof(payload)),
-         "checkpoint_load gives every rank rank 0's step 7 and payload: rc %s, step %llu, %zu bytes", rctext(rc),
-         (unsigned long long)step, len);
+  gpu_result(rc == 0 && step == 7 && len == sizeof(payload) && data && !memcmp(data, payload, sizeof(payload)),
+             "checkpoint_load gives every rank rank 0's step 7 and payload: rc %s, step %llu, %zu bytes", rctext(rc),
+             (unsigned long long)step, len);
   free(data);
 }
 
@@ -508,16 +476,18 @@ int main(int argc, char **argv) {
   } else {
     base_port = getenv("GPU_COLL_PORT") ? atoi(getenv("GPU_COLL_PORT")) : 29531;
   }
-  double t0 = now();
+  gpu_set_rank(me);
+  double t0 = gpu_now();
   int rc = do_init(base_port);
-  double t_init = now() - t0;
-  result(rc == 0, "dcomm_init(\"nccl\", %s): rc %s, %.3f s", multi ? "env://" : "tcp://127.0.0.1", rctext(rc), t_init);
-  if (rc != 0) finish();
+  double t_init = gpu_now() - t0;
+  gpu_result(rc == 0, "dcomm_init(\"nccl\", %s): rc %s, %.3f s", multi ? "env://" : "tcp://127.0.0.1", rctext(rc),
+             t_init);
+  if (rc != 0) gpu_finish();
   const char *bn = dcomm_backend_name();
-  result(bn && !strcmp(bn, "nccl") && dcomm_rank() == me && dcomm_world_size() == np,
-         "backend %s, rank %d of %d, local rank %d", bn ? bn : "(null)", dcomm_rank(), dcomm_world_size(),
-         dcomm_local_rank());
-  if (me == 0) figure("init of a world of %d: %.3f s", np, t_init);
+  gpu_result(bn && !strcmp(bn, "nccl") && dcomm_rank() == me && dcomm_world_size() == np,
+             "backend %s, rank %d of %d, local rank %d", bn ? bn : "(null)", dcomm_rank(), dcomm_world_size(),
+             dcomm_local_rank());
+  if (me == 0) gpu_figure("init of a world of %d: %.3f s", np, t_init);
 
   check_dtypes();
   check_ops();
@@ -530,12 +500,12 @@ int main(int argc, char **argv) {
   figures();
   char why[512] = "";
   rc = gpu_side_by_side(me, np, why, sizeof(why));
-  result(rc == 0, "dcomm all_reduce beside NCCL's own, 8 B to 256 MiB%s%s", rc ? ": " : " (figure rows)", why);
+  gpu_result(rc == 0, "dcomm all_reduce beside NCCL's own, 8 B to 256 MiB%s%s", rc ? ": " : " (figure rows)", why);
   abort_cycle();
   if (dcomm_initialized()) {
     rc = dcomm_finalize();
-    result(rc == 0, "final dcomm_finalize: rc %s", rctext(rc));
+    gpu_result(rc == 0, "final dcomm_finalize: rc %s", rctext(rc));
   }
-  finish();
+  gpu_finish();
   return 0;
 }

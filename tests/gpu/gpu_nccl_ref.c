@@ -16,15 +16,9 @@
 #include <nccl.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "dcomm.h"
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "gpu_harness.h"
 
 /* 0, or -1 with why. */
 static int make_ref(int me, int np, ncclComm_t *nc, char *why, size_t wl) {
@@ -77,9 +71,9 @@ int gpu_side_by_side(int me, int np, char *why, size_t wl) {
     size_t n = bytes / 4;
     int iters = bytes >= ((size_t)64 << 20) ? 10 : 50, warm = 5;
     for (int i = 0; i < warm && rc == 0; i++) rc = dcomm_all_reduce(buf, n, DCOMM_FLOAT32, DCOMM_SUM, NULL);
-    double t0 = now_s();
+    double t0 = gpu_now();
     for (int i = 0; i < iters && rc == 0; i++) rc = dcomm_all_reduce(buf, n, DCOMM_FLOAT32, DCOMM_SUM, NULL);
-    double td = (now_s() - t0) / iters;
+    double td = (gpu_now() - t0) / iters;
     if (rc != 0) {
       snprintf(why, wl, "dcomm_all_reduce of %zu bytes: %s", bytes, dcomm_last_error());
       break;
@@ -87,16 +81,16 @@ int gpu_side_by_side(int me, int np, char *why, size_t wl) {
     ncclResult_t r = ncclSuccess;
     for (int i = 0; i < warm && r == ncclSuccess; i++) r = ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, nc, s);
     cudaStreamSynchronize(s);
-    t0 = now_s();
+    t0 = gpu_now();
     for (int i = 0; i < iters && r == ncclSuccess; i++) {
       r = ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, nc, s);
       cudaStreamSynchronize(s);
     }
-    double ts = (now_s() - t0) / iters;
-    t0 = now_s();
+    double ts = (gpu_now() - t0) / iters;
+    t0 = gpu_now();
     for (int i = 0; i < iters && r == ncclSuccess; i++) r = ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, nc, s);
     cudaStreamSynchronize(s);
-    double ta = (now_s() - t0) / iters;
+    double ta = (gpu_now() - t0) / iters;
     if (r != ncclSuccess) {
       snprintf(why, wl, "ncclAllReduce of %zu bytes: %s", bytes, ncclGetErrorString(r));
       rc = -1;

@@ -82,19 +82,20 @@ if nm -D .libs/dcomm_nccl.so 2>/dev/null | grep -qE ' D dcomm_backend_v1$'; then
 else bad "dcomm_nccl.so does not export dcomm_backend_v1"; fi
 
 # 2. Compile the check programs: gpu_coll against the public API,
-# gpu_shrink against the backend ABI (it loads dcomm_nccl.so itself).
+# gpu_shrink against the backend ABI (it loads dcomm_nccl.so itself), both
+# with gpu_harness.c (check lines, summary, clock, CUDA error checks).
 GPU_COLL=$LOGDIR/gpu_coll
 GPU_SHRINK=$LOGDIR/gpu_shrink
 GPU_ELASTIC=$LOGDIR/gpu_elastic
-if timeout "$(left 60)" gcc -I include -I tools -I "$CUDA/include" tests/gpu/gpu_coll.c tests/gpu/gpu_nccl_ref.c tools/bench_util.c \
-  -L.libs -ldcomm -L"$CUDA/lib64" -lnccl -lcudart -lm -Wl,-rpath,"$PWD/.libs" -Wl,-rpath,"$CUDA/lib64" \
-  -o "$GPU_COLL" >"$LOGDIR/compile.log" 2>&1; then
+if timeout "$(left 60)" gcc -I include -I tools -I "$CUDA/include" tests/gpu/gpu_coll.c tests/gpu/gpu_nccl_ref.c \
+  tests/gpu/gpu_harness.c tools/bench_util.c -L.libs -ldcomm -L"$CUDA/lib64" -lnccl -lcudart -lm -Wl,-rpath,"$PWD/.libs" \
+  -Wl,-rpath,"$CUDA/lib64" -o "$GPU_COLL" >"$LOGDIR/compile.log" 2>&1; then
   ok "compile tests/gpu/gpu_coll.c"
 else
   bad "compile tests/gpu/gpu_coll.c"; cat "$LOGDIR/compile.log"; finish
 fi
-if timeout "$(left 60)" gcc -Wall -Wextra -I include -I "$CUDA/include" tests/gpu/gpu_shrink.c -L"$CUDA/lib64" -lcudart \
-  -ldl -lpthread -Wl,-rpath,"$CUDA/lib64" -o "$GPU_SHRINK" >>"$LOGDIR/compile.log" 2>&1; then
+if timeout "$(left 60)" gcc -Wall -Wextra -I include -I "$CUDA/include" tests/gpu/gpu_shrink.c tests/gpu/gpu_harness.c \
+  -L"$CUDA/lib64" -lcudart -ldl -lpthread -Wl,-rpath,"$CUDA/lib64" -o "$GPU_SHRINK" >>"$LOGDIR/compile.log" 2>&1; then
   ok "compile tests/gpu/gpu_shrink.c"
 else
   bad "compile tests/gpu/gpu_shrink.c"; cat "$LOGDIR/compile.log"; finish
