@@ -69,7 +69,10 @@ int main(void) {
   return rc != 0;
 }
 PROG
-if ! $CC -Wall -Werror "$T/prog.c" $(pkg-config --cflags --libs dcomm) -o "$T/prog" 2>"$T/cc.prog"; then
+# A sanitizer build's library needs its runtime loaded first: the program
+# is linked with the same flags.
+san=$(sed -n 's/^SAN_FLAGS = //p' "$b/Makefile")
+if ! $CC -Wall -Werror $san "$T/prog.c" $(pkg-config --cflags --libs dcomm) -o "$T/prog" 2>"$T/cc.prog"; then
   result 1 "a program builds with pkg-config --cflags --libs dcomm" "$(head -5 "$T/cc.prog")"
   finish
 fi
