@@ -74,6 +74,7 @@ struct agent {
   struct run_rdzv *rdzv; /* etcd backend */
   int slot;              /* this node's slot */
   int port; /* the store's actual port */
+  int app_port; /* MASTER_PORT: free for the program's own store (torch's) */
   char token[33];
   int sfd;
   sigset_t child_mask;
@@ -188,6 +189,11 @@ static int store_start(struct agent *a) {
   int rc = dcomm__store_server_start(a->o.host, a->port, a->o.job_id, a->token, &a->srv);
   if (rc < 0) return rc;
   a->port = dcomm__store_server_port(a->srv);
+  /* A port that was free a moment ago, as torchrun hands its workers: a
+   * torch program's env:// rendezvous listens there on rank 0. */
+  int lfd = -1;
+  if (dcomm__sock_listen(a->o.host, 0, 1, &lfd, &a->app_port) == 0) close(lfd);
+  else a->app_port = a->port;
   rc = dcomm__store_tcp_connect(a->o.host, a->port, a->o.job_id, a->token, STORE_TIMEOUT_S, STORE_TIMEOUT_S,
                                 &a->st);
   if (rc == 0) rc = dcomm__store_set_prefix(a->st, "");
@@ -255,6 +261,7 @@ static struct run_worker *spawn_one(struct agent *a, int rank, int local_rank, i
                       .slot = a->slot,
                       .addr = a->o.host,
                       .port = a->port,
+                      .app_port = a->app_port,
                       .token = a->token,
                       .job_id = a->o.job_id,
                       .world = a->o.nproc,

@@ -67,7 +67,8 @@ struct run_env {
   const char *etcd; /* etcd endpoints (workers use etcd://); NULL: the agent's store */
   int slot;         /* DCOMM_AGENT_SLOT */
   const char *addr; /* MASTER_ADDR */
-  int port;         /* MASTER_PORT */
+  int port;         /* the store's port: DCOMM_AGENT_STORE */
+  int app_port;     /* MASTER_PORT, free for the program's own store */
   const char *token;
   const char *job_id;
   int world;         /* WORLD_SIZE = LOCAL_WORLD_SIZE */

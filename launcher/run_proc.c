@@ -208,7 +208,8 @@ static void env_free(struct envbuf *e) {
 /* Variables the agent sets: any inherited value is dropped. */
 static const char *const owned[] = {
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
-    "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DCOMM_USE_AGENT_STORE", "DCOMM_AUTH_TOKEN", "DCOMM_JOB_ID",
+    "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DCOMM_USE_AGENT_STORE", "DCOMM_AGENT_STORE", "DCOMM_AUTH_TOKEN",
+    "DCOMM_JOB_ID",
     "DCOMM_ELASTIC", "DCOMM_ELASTIC_JOIN", "DCOMM_MEMBER_ID", "DCOMM_RESTART_COUNT", "TORCHELASTIC_RUN_ID",
     "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "DCOMM_INIT_METHOD", "DCOMM_AGENT_SLOT", NULL};
 
@@ -240,8 +241,10 @@ static int build_env(struct envbuf *e, int rank, int join, const char *member, c
     env_setf(e, "ROLE_RANK=%d", rank);
     env_setf(e, "ROLE_WORLD_SIZE=%d", re->world);
     env_setf(e, "MASTER_ADDR=%s", re->addr);
-    env_setf(e, "MASTER_PORT=%d", re->port);
+    env_setf(e, "MASTER_PORT=%d", re->app_port);
     env_setf(e, "DCOMM_USE_AGENT_STORE=1");
+    if (strchr(re->addr, ':')) env_setf(e, "DCOMM_AGENT_STORE=[%s]:%d", re->addr, re->port);
+    else env_setf(e, "DCOMM_AGENT_STORE=%s:%d", re->addr, re->port);
   }
   env_setf(e, "DCOMM_AGENT_SLOT=%d", re->slot);
   env_setf(e, "DCOMM_AUTH_TOKEN=%s", re->token);

@@ -90,6 +90,8 @@ static int finish(struct dcomm_init_spec *s, const char *src) {
   return 0;
 }
 
+static int parse_hostport(struct dcomm_init_spec *s, const char *hp, size_t hl, const char *what);
+
 static int parse_env(struct dcomm_init_spec *s) {
   int present;
   const char *addr = getenv("MASTER_ADDR"), *port = getenv("MASTER_PORT");
@@ -102,7 +104,12 @@ static int parse_env(struct dcomm_init_spec *s) {
   if (!present) return dcomm__err(DCOMM_EINVAL, "env:// needs RANK, which is not set");
   DCOMM_CHECK(env_int("WORLD_SIZE", &s->world_size, &present));
   if (!present) return dcomm__err(DCOMM_EINVAL, "env:// needs WORLD_SIZE, which is not set");
-  return finish(s, "env://");
+  DCOMM_CHECK(finish(s, "env://"));
+  /* dcomm-run keeps MASTER_PORT free for the program's own use (torch's
+   * store) and names its store here. */
+  const char *agent = dcomm__param_str(DCOMM_P_AGENT_STORE);
+  if (s->agent_store && agent && *agent) DCOMM_CHECK(parse_hostport(s, agent, strlen(agent), "DCOMM_AGENT_STORE"));
+  return 0;
 }
 
 /* rank and world_size from the query, else from RANK / WORLD_SIZE. */
@@ -121,16 +128,15 @@ static int query_rank_size(struct dcomm_init_spec *s, const char *query, const c
   return 0;
 }
 
-static int parse_tcp(struct dcomm_init_spec *s, const char *url) {
-  const char *hp = url + strlen("tcp://");
-  const char *q = strchr(hp, '?');
-  size_t hl = q ? (size_t)(q - hp) : strlen(hp);
+/* host:port or [v6]:port (hl bytes of hp) into s->host / s->port; what
+ * names the source in messages. */
+static int parse_hostport(struct dcomm_init_spec *s, const char *hp, size_t hl, const char *what) {
   char hostport[300];
-  if (hl == 0 || hl >= sizeof(hostport)) return dcomm__err(DCOMM_EINVAL, "init method '%s': expected tcp://host:port", url);
+  if (hl == 0 || hl >= sizeof(hostport)) return dcomm__err(DCOMM_EINVAL, "%s: expected host:port", what);
   memcpy(hostport, hp, hl);
   hostport[hl] = 0;
   char *colon = strrchr(hostport, ':');
-  if (!colon) return dcomm__err(DCOMM_EINVAL, "init method '%s': missing :port", url);
+  if (!colon) return dcomm__err(DCOMM_EINVAL, "%s: missing :port", what);
   *colon = 0;
   char *h = hostport;
   if (*h == '[') { /* [v6]:port */
@@ -138,10 +144,18 @@ static int parse_tcp(struct dcomm_init_spec *s, const char *url) {
     size_t l = strlen(h);
     if (l && h[l - 1] == ']') h[l - 1] = 0;
   }
-  if (!*h) return dcomm__err(DCOMM_EINVAL, "init method '%s': missing host", url);
-  if (strlen(h) >= sizeof(s->host)) return dcomm__err(DCOMM_EINVAL, "init method '%s': host name too long", url);
+  if (!*h) return dcomm__err(DCOMM_EINVAL, "%s: missing host", what);
+  if (strlen(h) >= sizeof(s->host)) return dcomm__err(DCOMM_EINVAL, "%s: host name too long", what);
   memcpy(s->host, h, strlen(h) + 1);
-  DCOMM_CHECK(parse_port(colon + 1, "tcp:// port", &s->port));
+  return parse_port(colon + 1, what, &s->port);
+}
+
+static int parse_tcp(struct dcomm_init_spec *s, const char *url) {
+  const char *hp = url + strlen("tcp://");
+  const char *q = strchr(hp, '?');
+  char what[320];
+  snprintf(what, sizeof(what), "init method '%s'", url);
+  DCOMM_CHECK(parse_hostport(s, hp, q ? (size_t)(q - hp) : strlen(hp), what));
   DCOMM_CHECK(query_rank_size(s, q ? q + 1 : "", url));
   return finish(s, url);
 }
