@@ -7,7 +7,8 @@
  * (shrink.c) or releases them and builds the world of the new generation
  * (world.c) and every sub-group (group.c). dcomm__elastic_join is the same
  * for a member that enters the job. The elastic getters of the public API
- * live here too.
+ * live here too, with dcomm_elastic_revoke (the first half of a recovery,
+ * for programs whose other threads must leave their calls first).
  */
 #include "config.h"
 
@@ -33,6 +34,20 @@ int dcomm__elastic_join(struct dcomm_world *w) {
   /* The job's first world: generation 0 from the launch ranks, or the
    * first round of a rendezvous (elastic/first). */
   w->joiner = w->generation > dcomm__store_peek_long(w->jstore, DCOMM_KEY_FIRST, 0);
+  return 0;
+}
+
+int dcomm_elastic_revoke(void) {
+  struct dcomm_world *w = &dcomm__w;
+  if (!w->initialized) return dcomm__err(DCOMM_ENOTINIT, "dcomm_elastic_revoke: not initialized");
+  if (!w->elastic) return dcomm__err(DCOMM_ENOTSUP, "dcomm_elastic_revoke: not in elastic mode (DCOMM_ELASTIC=1, set by dcomm-run)");
+  char why[512];
+  snprintf(why, sizeof(why), "rank %d: %s", w->rank, dcomm_last_error());
+  DCOMM_CHECK(dcomm__post_revoke(w->jstore, w->generation, why));
+  pthread_mutex_lock(&w->lock);
+  dcomm__world_abort_locked(w);
+  pthread_mutex_unlock(&w->lock);
+  DCOMM_LOG(INFO, ELASTIC, "generation %ld revoked by this rank", w->generation);
   return 0;
 }
 

@@ -43,6 +43,14 @@ DCOMM_API int dcomm_elastic_recoverable(int err);
  * world size may have changed. */
 DCOMM_API int dcomm_elastic_recover(void);
 
+/* The first step of a recovery alone: revoke the current generation for
+ * every member and abort this process's communicators, so that every call
+ * in progress, in any thread, returns DCOMM_EREVOKED promptly. Callable
+ * from any thread while other calls run (a program with one thread per
+ * group calls it, waits for those threads to leave their calls, then calls
+ * dcomm_elastic_recover). */
+DCOMM_API int dcomm_elastic_revoke(void);
+
 /* Collective over the world: barrier; rank 0 writes data (temp file, fsync,
  * rename, directory fsync, keeping the newest DCOMM_CHECKPOINT_KEEP); the
  * result is broadcast so every rank returns the same code. Only rank 0's
