@@ -1,0 +1,280 @@
+"""worker.py: the rank side of the torch backend's tests (tests/torch/test_*.py).
+
+Run as `python3 worker.py CASE [args]` on every rank, under dcomm-run or
+with torchrun's variables. Each case checks its results against a serial
+reference computed locally (every rank's input is a function of its rank),
+prints `OK <case> <details>` on success, and raises otherwise.
+"""
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import dcomm
+import dcomm.torch  # noqa: F401  (registers the backend)
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int32,
+          torch.int64, torch.int16, torch.bool, torch.complex64, torch.complex128]
+INT_DTYPES = [torch.int8, torch.uint8, torch.int32, torch.int64, torch.int16]
+
+
+def init(backend="dcomm"):
+    dist.init_process_group(backend, init_method=os.environ.get("TEST_INIT_METHOD", "env://"))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def value(rank, n, dtype, salt=0):
+    """Rank rank's deterministic input: small values so every reduction is exact."""
+    base = torch.arange(n, dtype=torch.float64) + 3 * rank + salt
+    if dtype == torch.bool:
+        return (base.long() % 2 == 0).logical_xor(torch.tensor(rank % 2 == 1))
+    if dtype in (torch.complex64, torch.complex128):
+        return torch.complex(base % 5, (base + 1) % 3).to(dtype)
+    if dtype.is_floating_point:
+        return (base % 7 - 2).to(dtype)
+    return (base.long() % 5 + 1).to(dtype)
+
+
+def reference(op, tensors):
+    acc = tensors[0].clone()
+    for t in tensors[1:]:
+        if op == dist.ReduceOp.SUM:
+            acc = acc + t if acc.dtype != torch.bool else acc | t
+        elif op == dist.ReduceOp.PRODUCT:
+            acc = acc * t if acc.dtype != torch.bool else acc & t
+        elif op == dist.ReduceOp.MAX:
+            acc = torch.maximum(acc, t)
+        elif op == dist.ReduceOp.MIN:
+            acc = torch.minimum(acc, t)
+        elif op == dist.ReduceOp.BAND:
+            acc = acc & t
+        elif op == dist.ReduceOp.BOR:
+            acc = acc | t
+        elif op == dist.ReduceOp.BXOR:
+            acc = acc ^ t
+    return acc.to(tensors[0].dtype)
+
+
+def ops_for(dtype):
+    if dtype in (torch.complex64, torch.complex128):
+        return [dist.ReduceOp.SUM]
+    ops = [dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MAX, dist.ReduceOp.MIN]
+    if dtype in INT_DTYPES or dtype == torch.bool:
+        ops += [dist.ReduceOp.BAND, dist.ReduceOp.BOR, dist.ReduceOp.BXOR]
+    if dtype == torch.bool:
+        ops = [o for o in ops if o not in (dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT)] + [dist.ReduceOp.SUM]
+    return ops
+
+
+def same(a, b, what):
+    if a.dtype in (torch.float16, torch.bfloat16):
+        ok = torch.allclose(a.double(), b.double(), rtol=1e-2, atol=1e-2)
+    else:
+        ok = torch.equal(a, b)
+    if not ok:
+        raise AssertionError(f"{what}: got {a.tolist()} expected {b.tolist()}")
+
+
+def case_ops(ranks_in_group=None):
+    """Every collective x dtype x op on the world and on a sub-group, against the serial reference."""
+    rank, size = init()
+    groups = [(None, list(range(size)))]
+    if size >= 3:
+        sub = [r for r in range(size) if r != 1]
+        groups.append((dist.new_group(sub), sub))
+    checks = 0
+    for group, members in groups:
+        if rank not in members:
+            continue
+        me, gsize = members.index(rank), len(members)
+        for dtype in DTYPES:
+            n = 5
+            inputs = [value(r, n, dtype) for r in members]
+            for op in ops_for(dtype):
+                t = inputs[me].clone()
+                dist.all_reduce(t, op=op, group=group)
+                same(t, reference(op, inputs), f"all_reduce {op} {dtype}")
+                for root in (0, gsize - 1):
+                    t = inputs[me].clone()
+                    dist.reduce(t, members[root], op=op, group=group)
+                    same(t, reference(op, inputs) if me == root else inputs[me], f"reduce {op} {dtype} root {root}")
+                out = torch.empty_like(inputs[me])
+                ins = [value(members[me], n, dtype, salt=j) for j in range(gsize)]
+                dist.reduce_scatter(out, ins, op=op, group=group)
+                same(out, reference(op, [value(r, n, dtype, salt=me) for r in members]), f"reduce_scatter {op} {dtype}")
+                checks += 3
+            # data movement
+            for root in (0, gsize - 1):
+                t = inputs[me].clone() if me == root else torch.zeros_like(inputs[me])
+                dist.broadcast(t, members[root], group=group)
+                same(t, inputs[root], f"broadcast {dtype}")
+            outs = [torch.zeros_like(inputs[me]) for _ in members]
+            dist.all_gather(outs, inputs[me], group=group)
+            for j in range(gsize):
+                same(outs[j], inputs[j], f"all_gather {dtype}")
+            flat = torch.zeros(gsize * n, dtype=dtype)
+            dist.all_gather_into_tensor(flat, inputs[me], group=group) if hasattr(dist, "all_gather_into_tensor") \
+                else dist._all_gather_base(flat, inputs[me], group=group)
+            same(flat, torch.cat(inputs), f"all_gather_into_tensor {dtype}")
+            root = gsize - 1
+            outs = [torch.zeros_like(inputs[me]) for _ in members] if me == root else None
+            dist.gather(inputs[me], outs, dst=members[root], group=group)
+            if me == root:
+                for j in range(gsize):
+                    same(outs[j], inputs[j], f"gather {dtype}")
+            out = torch.zeros_like(inputs[me])
+            scat = [value(members[root], n, dtype, salt=10 + j) for j in range(gsize)] if me == root else None
+            dist.scatter(out, scat, src=members[root], group=group)
+            same(out, value(members[root], n, dtype, salt=10 + me), f"scatter {dtype}")
+            # uneven all_to_all: rank i sends i+j+1 rows to rank j
+            send = [value(rank, me + j + 1, dtype, salt=j) for j in range(gsize)]
+            recv = [torch.zeros(j + me + 1, dtype=dtype) for j in range(gsize)]
+            dist.all_to_all(recv, send, group=group)
+            for j in range(gsize):
+                same(recv[j], value(members[j], j + me + 1, dtype, salt=me), f"all_to_all {dtype} from {j}")
+            ins = torch.cat(send)
+            out = torch.zeros(sum(j + me + 1 for j in range(gsize)), dtype=dtype)
+            dist.all_to_all_single(out, ins, [j + me + 1 for j in range(gsize)],
+                                   [me + j + 1 for j in range(gsize)], group=group)
+            same(out, torch.cat(recv), f"all_to_all_single uneven {dtype}")
+            checks += 8
+        # non-contiguous tensors, written through
+        t = torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * (me + 1)
+        dist.all_reduce(t, group=group)
+        same(t, torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * (gsize * (gsize + 1) // 2), "non-contiguous")
+        dist.barrier(group=group)
+        checks += 2
+    # coalesced
+    ts = [torch.full((3,), float(rank)), torch.full((2,), float(rank + 1))]
+    dist.all_reduce_coalesced(ts)
+    same(ts[0], torch.full((3,), float(sum(range(size)))), "all_reduce_coalesced 0")
+    same(ts[1], torch.full((2,), float(sum(range(1, size + 1)))), "all_reduce_coalesced 1")
+    print(f"OK ops checks={checks + 2} rank={rank}", flush=True)
+
+
+def case_async():
+    """async_op collectives overlap, futures carry the outputs, p2p in both orders, tags and any source."""
+    rank, size = init()
+    works = []
+    ts = [torch.full((1000,), float(rank + i)) for i in range(8)]
+    for t in ts:
+        works.append(dist.all_reduce(t, async_op=True))
+    fut = works[-1].get_future()
+    for w in works:
+        w.wait()
+        assert w.is_completed()
+    val = fut.wait()
+    assert isinstance(val, list) and val[0] is ts[-1], "the future's value is the list of output tensors"
+    for i, t in enumerate(ts):
+        same(t, torch.full((1000,), float(sum(r + i for r in range(size)))), f"async all_reduce {i}")
+    chained = dist.all_reduce(torch.ones(2), async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+    same(chained.wait(), torch.full((2,), 2.0 * size), "future.then")
+    # irecv before isend on every rank (ring): must not deadlock
+    right, left = (rank + 1) % size, (rank - 1) % size
+    for big in (4, 3 << 20):  # small, and bigger than a shared-memory ring
+        got = torch.zeros(big)
+        r = dist.irecv(got, left, tag=7)
+        s = dist.isend(torch.full((big,), float(rank)), right, tag=7)
+        s.wait()
+        r.wait()
+        same(got, torch.full((big,), float(left)), f"ring {big}")
+    # tags: two messages from the same peer, received in the opposite tag order
+    if rank == 0:
+        a, b = torch.zeros(1), torch.zeros(1)
+        wb = dist.irecv(b, 1, tag=2)
+        wa = dist.irecv(a, 1, tag=1)
+        wa.wait()
+        wb.wait()
+        assert a.item() == 1.0 and b.item() == 2.0, (a, b)
+    elif rank == 1:
+        dist.send(torch.ones(1), 0, tag=1)
+        dist.send(torch.full((1,), 2.0), 0, tag=2)
+    # receive from any source: rank 0 hears from everyone else
+    if rank == 0:
+        seen = []
+        for _ in range(size - 1):
+            t = torch.zeros(2)
+            src = dist.recv(t, tag=9)
+            same(t, torch.full((2,), float(src * 10)), "any source payload")
+            seen.append(src)
+        assert sorted(seen) == list(range(1, size)), seen
+        w = dist.irecv(torch.zeros(2), tag=9)  # irecv from any source
+        w.wait()
+        assert w._source_rank() in range(1, size)
+    else:
+        dist.send(torch.full((2,), float(rank * 10)), 0, tag=9)
+        if rank == 1:
+            dist.send(torch.full((2,), 10.0), 0, tag=9)
+    dist.barrier()
+    print(f"OK async rank={rank}", flush=True)
+
+
+def case_ddp(backend):
+    """A small MLP under DDP: prints the parameters after 5 steps (the test compares dcomm with gloo)."""
+    rank, size = init(backend)
+    torch.manual_seed(1234)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.001)  # several buckets
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(99)
+    for _ in range(5):
+        x = torch.randn(size * 8, 16, generator=gen)[rank * 8:(rank + 1) * 8]
+        y = torch.randn(size * 8, 4, generator=gen)[rank * 8:(rank + 1) * 8]
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).double()
+    allp = [torch.zeros_like(flat) for _ in range(size)]
+    dist.all_gather(allp, flat)
+    assert all(torch.equal(allp[0], p) for p in allp), "parameters differ across ranks"
+    print(f"OK ddp rank={rank} params={','.join(repr(v) for v in flat.tolist())}", flush=True)
+
+
+def case_errors():
+    """Bad input fails with a clear error; mismatched collectives name the mismatch; the group still works."""
+    rank, size = init()
+    try:
+        dist.all_gather([torch.zeros(2)], torch.zeros(2))  # too few outputs
+        raise AssertionError("a short output list was accepted")
+    except (ValueError, RuntimeError) as e:
+        assert "tensor" in str(e).lower() or "output" in str(e).lower(), e
+    try:
+        dist.all_reduce(torch.zeros(2), op=dist.ReduceOp.BAND)
+        raise AssertionError("BAND on float was accepted")
+    except dcomm.InvalidArgument as e:
+        assert "integer" in str(e), e
+    t = torch.ones(4)
+    dist.all_reduce(t)  # still usable
+    same(t, torch.full((4,), float(size)), "all_reduce after bad input")
+    # mismatch: rank 0 reduces 4 floats, the others 5
+    try:
+        dist.all_reduce(torch.ones(4 if rank == 0 else 5))
+        raise AssertionError("mismatched counts were accepted")
+    except dcomm.Error as e:
+        assert isinstance(e, (dcomm.Mismatch, dcomm.PeerLost, dcomm.Revoked)), repr(e)
+        print(f"OK errors rank={rank} mismatch={type(e).__name__}: {e}", flush=True)
+
+
+def case_peer_dies():
+    """Rank size-1 exits mid-job; every survivor's next collective raises a recoverable dcomm.Error quickly."""
+    rank, size = init()
+    dist.all_reduce(torch.ones(4))
+    if rank == size - 1:
+        os._exit(3)
+    t0 = time.monotonic()
+    try:
+        for _ in range(100):
+            dist.all_reduce(torch.ones(1 << 16))
+        raise AssertionError("collectives went on after a rank died")
+    except dcomm.Error as e:
+        assert dcomm.torch.is_recoverable(e), repr(e)
+        print(f"OK peer_dies rank={rank} error={type(e).__name__} after={time.monotonic() - t0:.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    case = sys.argv[1]
+    globals()["case_" + case](*sys.argv[2:])
+    if case != "peer_dies":
+        dist.destroy_process_group()
