@@ -70,7 +70,20 @@ typedef enum {
   DCOMM_DTYPE_COUNT
 } dcomm_dtype_t;
 
-typedef enum { DCOMM_SUM, DCOMM_PROD, DCOMM_MAX, DCOMM_MIN, DCOMM_AVG, DCOMM_OP_COUNT } dcomm_op_t;
+/* DCOMM_BAND, DCOMM_BOR and DCOMM_BXOR (bitwise and, or, xor) take the
+ * integer dtypes only (DCOMM_INT8 .. DCOMM_UINT64); with a floating dtype
+ * a reduction fails with DCOMM_EINVAL before any byte moves. */
+typedef enum {
+  DCOMM_SUM,
+  DCOMM_PROD,
+  DCOMM_MAX,
+  DCOMM_MIN,
+  DCOMM_AVG,
+  DCOMM_BAND,
+  DCOMM_BOR,
+  DCOMM_BXOR,
+  DCOMM_OP_COUNT
+} dcomm_op_t;
 
 /* Set-up and tear-down. backend NULL: DCOMM_BACKEND (default "tcp");
  * init_method NULL: DCOMM_INIT_METHOD, else detected from the environment
@@ -108,6 +121,11 @@ DCOMM_API int dcomm_scatter(const void *sendbuf, void *recvbuf, size_t count, dc
 DCOMM_API int dcomm_reduce_scatter(const void *sendbuf, void *recvbuf, size_t count, dcomm_dtype_t dt, dcomm_op_t op,
                                    dcomm_group_t g);
 DCOMM_API int dcomm_all_to_all(const void *sendbuf, void *recvbuf, size_t count, dcomm_dtype_t dt, dcomm_group_t g);
+/* Uneven all_to_all (as MPI_Alltoallv): counts and displacements in
+ * elements, one entry per group rank; rank i's sendcounts[j] must equal
+ * rank j's recvcounts[i] (else DCOMM_EMISMATCH). */
+DCOMM_API int dcomm_all_to_allv(const void *sendbuf, const size_t *sendcounts, const size_t *sdispls, void *recvbuf,
+                                const size_t *recvcounts, const size_t *rdispls, dcomm_dtype_t dt, dcomm_group_t g);
 DCOMM_API int dcomm_send(const void *buf, size_t count, dcomm_dtype_t dt, int peer, int tag, dcomm_group_t g);
 DCOMM_API int dcomm_recv(void *buf, size_t count, dcomm_dtype_t dt, int peer, int tag, dcomm_group_t g);
 DCOMM_API int dcomm_barrier(dcomm_group_t g);

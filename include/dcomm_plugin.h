@@ -47,7 +47,20 @@ enum dcomm_coll {
   DCOMM_COLL_BARRIER,
   DCOMM_COLL_SEND,
   DCOMM_COLL_RECV,
+  DCOMM_COLL_ALL_TO_ALLV,
   DCOMM_COLL_COUNT
+};
+
+/* The blocks of an all_to_allv, one entry per rank of the comm, in
+ * elements: this rank sends sendcounts[j] elements from sendbuf +
+ * sdispls[j] to rank j and receives recvcounts[j] from rank j at recvbuf
+ * + rdispls[j]. The core has checked that every block fits in size_t
+ * bytes and that receive blocks do not overlap each other or a send
+ * block; whether recvcounts[j] equals rank j's sendcounts[this rank] is
+ * for the backend to find out (DCOMM_EMISMATCH). */
+struct dcomm_vlayout {
+  const size_t *sendcounts, *sdispls;
+  const size_t *recvcounts, *rdispls;
 };
 
 /* One operation as the core hands it to a backend. */
@@ -63,6 +76,9 @@ struct dcomm_coll_args {
   uint64_t seq;        /* collective sequence number in this comm (p2p: 0) */
   double deadline;     /* absolute time on host->now()'s clock */
   void *stream;        /* backend queue (a cudaStream_t for nccl), or NULL */
+  /* DCOMM_COLL_ALL_TO_ALLV: the blocks (count is 0); else NULL. Valid
+   * until the op completes. */
+  const struct dcomm_vlayout *v;
 };
 
 /* What a new communicator is made of. */

@@ -10,6 +10,7 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "error.h"
 #include "log.h"
@@ -52,8 +53,11 @@ static int check_root(const struct dcomm_group *grp, const char *what, const cha
   return 0;
 }
 
-static int check_op(const char *what, dcomm_op_t op) {
+static int check_op(const char *what, dcomm_op_t op, dcomm_dtype_t dt) {
   if (!dcomm__op_valid((int)op)) return dcomm__err(DCOMM_EINVAL, "%s: invalid reduction op %d", what, (int)op);
+  if (!dcomm__op_dtype_ok((int)op, (int)dt))
+    return dcomm__err(DCOMM_EINVAL, "%s: op %s is not defined for dtype %s (bitwise ops take integer dtypes only)",
+                      what, dcomm__op_name((int)op), dcomm__dtype_name((int)dt));
   return 0;
 }
 
@@ -65,7 +69,7 @@ static int need_buf(const char *what, const char *name, const void *p, size_t co
 int dcomm_all_reduce(void *buf, size_t count, dcomm_dtype_t dt, dcomm_op_t op, dcomm_group_t g) {
   struct dcomm_group *grp;
   DCOMM_CHECK(check(g, &grp, "all_reduce", count, dt, 1));
-  DCOMM_CHECK(check_op("all_reduce", op));
+  DCOMM_CHECK(check_op("all_reduce", op, dt));
   DCOMM_CHECK(need_buf("all_reduce", "buf", buf, count));
   struct dcomm_coll_args a = {.coll = DCOMM_COLL_ALL_REDUCE, .recvbuf = buf, .count = count, .dtype = dt, .op = op};
   return dcomm__run_op(grp, &a, "all_reduce");
@@ -74,7 +78,7 @@ int dcomm_all_reduce(void *buf, size_t count, dcomm_dtype_t dt, dcomm_op_t op, d
 int dcomm_reduce(void *buf, size_t count, dcomm_dtype_t dt, dcomm_op_t op, int root, dcomm_group_t g) {
   struct dcomm_group *grp;
   DCOMM_CHECK(check(g, &grp, "reduce", count, dt, 1));
-  DCOMM_CHECK(check_op("reduce", op));
+  DCOMM_CHECK(check_op("reduce", op, dt));
   DCOMM_CHECK(check_root(grp, "reduce", "root", root));
   DCOMM_CHECK(need_buf("reduce", "buf", buf, count));
   struct dcomm_coll_args a = {.coll = DCOMM_COLL_REDUCE, .recvbuf = buf, .count = count, .dtype = dt, .op = op,
@@ -131,7 +135,7 @@ int dcomm_reduce_scatter(const void *sendbuf, void *recvbuf, size_t count, dcomm
   struct dcomm_group *grp;
   DCOMM_CHECK(dcomm__group_resolve(g, 1, &grp));
   DCOMM_CHECK(check(g, &grp, "reduce_scatter", count, dt, (size_t)grp->size));
-  DCOMM_CHECK(check_op("reduce_scatter", op));
+  DCOMM_CHECK(check_op("reduce_scatter", op, dt));
   DCOMM_CHECK(need_buf("reduce_scatter", "sendbuf", sendbuf, count));
   DCOMM_CHECK(need_buf("reduce_scatter", "recvbuf", recvbuf, count));
   struct dcomm_coll_args a = {.coll = DCOMM_COLL_REDUCE_SCATTER, .sendbuf = sendbuf, .recvbuf = recvbuf,
@@ -148,6 +152,123 @@ int dcomm_all_to_all(const void *sendbuf, void *recvbuf, size_t count, dcomm_dty
   struct dcomm_coll_args a = {.coll = DCOMM_COLL_ALL_TO_ALL, .sendbuf = sendbuf, .recvbuf = recvbuf, .count = count,
                               .dtype = dt};
   return dcomm__run_op(grp, &a, "all_to_all");
+}
+
+/* A block of an all_to_allv, in bytes from its buffer's start. */
+struct vblock {
+  size_t off, len;
+  int rank;
+};
+
+static int vblock_cmp(const void *x, const void *y) {
+  const struct vblock *a = x, *b = y;
+  return a->off < b->off ? -1 : a->off > b->off ? 1 : a->rank - b->rank;
+}
+
+/* Checks one side's counts and displacements and fills b[0..n) with its
+ * non-empty blocks in bytes (*nb of them); *extent: end of the last one. */
+static int vside(const char *side, const size_t *counts, const char *dname, const size_t *displs, int n, size_t es,
+                 struct vblock *b, int *nb, size_t *extent) {
+  *nb = 0;
+  *extent = 0;
+  for (int j = 0; j < n; j++) {
+    if (displs[j] > SIZE_MAX - counts[j] || displs[j] + counts[j] > SIZE_MAX / es)
+      return dcomm__err(DCOMM_EINVAL, "all_to_allv: %s[%d] %zu + %s[%d] %zu elements overflow the address space",
+                        dname, j, displs[j], side, j, counts[j]);
+    if (!counts[j]) continue;
+    b[*nb] = (struct vblock){.off = displs[j] * es, .len = counts[j] * es, .rank = j};
+    if (b[*nb].off + b[*nb].len > *extent) *extent = b[*nb].off + b[*nb].len;
+    (*nb)++;
+  }
+  return 0;
+}
+
+/* Whether the byte range [p, p + len) overlaps any of the sorted,
+ * disjoint blocks rb[0..nr) of buffer base; its rank in *who. */
+static int hits_blocks(const char *p, size_t len, const char *base, const struct vblock *rb, int nr, int *who) {
+  int lo = 0, hi = nr; /* the first block that ends after p */
+  while (lo < hi) {
+    int mid = lo + (hi - lo) / 2;
+    if (base + rb[mid].off + rb[mid].len <= p) lo = mid + 1;
+    else hi = mid;
+  }
+  if (lo < nr && base + rb[lo].off < p + len) {
+    *who = rb[lo].rank;
+    return 1;
+  }
+  return 0;
+}
+
+/*
+ * all_to_allv's checks, all before any byte moves: the four arrays, each
+ * block's end in bytes, the buffers of non-empty blocks, receive blocks
+ * that overlap each other, and send blocks that overlap a receive block
+ * (the exchange would overwrite data not yet sent).
+ */
+static int check_vlayout(const struct dcomm_group *grp, const void *sendbuf, const struct dcomm_vlayout *v,
+                         const void *recvbuf, dcomm_dtype_t dt) {
+  const char *names[4] = {"sendcounts", "sdispls", "recvcounts", "rdispls"};
+  const size_t *arrays[4] = {v->sendcounts, v->sdispls, v->recvcounts, v->rdispls};
+  for (int i = 0; i < 4; i++)
+    if (!arrays[i]) return dcomm__err(DCOMM_EINVAL, "all_to_allv: %s is NULL", names[i]);
+  int n = grp->size, ns, nr, rc;
+  size_t es = dcomm_dtype_size(dt), sext, rext;
+  struct vblock *sb = malloc(2 * (size_t)n * sizeof(*sb)), *rb = sb + n;
+  if (!sb) return dcomm__err(DCOMM_ENOMEM, "all_to_allv: out of memory checking %d blocks", n);
+  if ((rc = vside("sendcounts", v->sendcounts, "sdispls", v->sdispls, n, es, sb, &ns, &sext)) < 0 ||
+      (rc = vside("recvcounts", v->recvcounts, "rdispls", v->rdispls, n, es, rb, &nr, &rext)) < 0)
+    goto out;
+  if (ns && !sendbuf) {
+    rc = dcomm__err(DCOMM_EINVAL, "all_to_allv: sendbuf is NULL with %zu elements to send to rank %d",
+                    v->sendcounts[sb[0].rank], sb[0].rank);
+    goto out;
+  }
+  if (nr && !recvbuf) {
+    rc = dcomm__err(DCOMM_EINVAL, "all_to_allv: recvbuf is NULL with %zu elements to receive from rank %d",
+                    v->recvcounts[rb[0].rank], rb[0].rank);
+    goto out;
+  }
+  if ((ns && (uintptr_t)sendbuf > UINTPTR_MAX - sext) || (nr && (uintptr_t)recvbuf > UINTPTR_MAX - rext)) {
+    rc = dcomm__err(DCOMM_EINVAL, "all_to_allv: the %s blocks run past the end of the address space",
+                    ns && (uintptr_t)sendbuf > UINTPTR_MAX - sext ? "send" : "receive");
+    goto out;
+  }
+  qsort(rb, (size_t)nr, sizeof(*rb), vblock_cmp);
+  for (int i = 1; i < nr; i++)
+    if (rb[i].off < rb[i - 1].off + rb[i - 1].len) {
+      int a = rb[i - 1].rank, b = rb[i].rank;
+      rc = dcomm__err(DCOMM_EINVAL,
+                      "all_to_allv: the receive blocks of ranks %d (rdispls %zu, %zu elements) and %d (rdispls %zu, "
+                      "%zu elements) overlap",
+                      a, v->rdispls[a], v->recvcounts[a], b, v->rdispls[b], v->recvcounts[b]);
+      goto out;
+    }
+  for (int i = 0; i < ns && nr; i++) {
+    int who;
+    if (hits_blocks((const char *)sendbuf + sb[i].off, sb[i].len, recvbuf, rb, nr, &who)) {
+      int j = sb[i].rank;
+      rc = dcomm__err(DCOMM_EINVAL,
+                      "all_to_allv: the send block for rank %d (sdispls %zu, %zu elements) overlaps the receive "
+                      "block from rank %d (rdispls %zu, %zu elements); all_to_allv does not work in place",
+                      j, v->sdispls[j], v->sendcounts[j], who, v->rdispls[who], v->recvcounts[who]);
+      goto out;
+    }
+  }
+out:
+  free(sb);
+  return rc;
+}
+
+int dcomm_all_to_allv(const void *sendbuf, const size_t *sendcounts, const size_t *sdispls, void *recvbuf,
+                      const size_t *recvcounts, const size_t *rdispls, dcomm_dtype_t dt, dcomm_group_t g) {
+  struct dcomm_group *grp;
+  DCOMM_CHECK(check(g, &grp, "all_to_allv", 0, dt, 1));
+  struct dcomm_vlayout v = {.sendcounts = sendcounts, .sdispls = sdispls, .recvcounts = recvcounts,
+                            .rdispls = rdispls};
+  DCOMM_CHECK(check_vlayout(grp, sendbuf, &v, recvbuf, dt));
+  struct dcomm_coll_args a = {.coll = DCOMM_COLL_ALL_TO_ALLV, .sendbuf = sendbuf, .recvbuf = recvbuf, .dtype = dt,
+                              .v = &v};
+  return dcomm__run_op(grp, &a, "all_to_allv");
 }
 
 static int p2p(enum dcomm_coll coll, const char *what, void *buf, size_t count, dcomm_dtype_t dt, int peer, int tag,

@@ -11,7 +11,10 @@
  * Semantics: integer SUM and PROD wrap modulo 2^bits (computed in the
  * unsigned type, so signed overflow is never undefined); float MAX and MIN
  * return NaN when either input is NaN (as torch does); DCOMM_AVG reduces as
- * a sum and dcomm__scale_div does the final division. Buffers must be either
+ * a sum and dcomm__scale_div does the final division. The bitwise ops
+ * (DCOMM_BAND, DCOMM_BOR, DCOMM_BXOR) exist for the integer dtypes only: a
+ * floating dtype has no kernel for them, and a call with one leaves the
+ * destination as it was (the public calls refuse the pair beforehand). Buffers must be either
  * the same or disjoint; a partial overlap is not supported.
  */
 #include "config.h"
@@ -115,13 +118,19 @@ static const size_t dtype_sizes[DCOMM_DTYPE_COUNT] = {
 };
 
 static const char *const op_names[DCOMM_OP_COUNT] = {
-    [DCOMM_SUM] = "sum", [DCOMM_PROD] = "prod", [DCOMM_MAX] = "max", [DCOMM_MIN] = "min", [DCOMM_AVG] = "avg",
+    [DCOMM_SUM] = "sum", [DCOMM_PROD] = "prod", [DCOMM_MAX] = "max",  [DCOMM_MIN] = "min",
+    [DCOMM_AVG] = "avg", [DCOMM_BAND] = "band", [DCOMM_BOR] = "bor",  [DCOMM_BXOR] = "bxor",
 };
 
 int dcomm__dtype_valid(int dt) { return dt >= 0 && dt < DCOMM_DTYPE_COUNT; }
 int dcomm__op_valid(int op) { return op >= 0 && op < DCOMM_OP_COUNT; }
 const char *dcomm__dtype_name(int dt) { return dcomm__dtype_valid(dt) ? dtype_names[dt] : "dtype?"; }
 const char *dcomm__op_name(int op) { return dcomm__op_valid(op) ? op_names[op] : "op?"; }
+int dcomm__op_bitwise(int op) { return op == DCOMM_BAND || op == DCOMM_BOR || op == DCOMM_BXOR; }
+int dcomm__dtype_integer(int dt) { return dt >= DCOMM_INT8 && dt <= DCOMM_UINT64; }
+int dcomm__op_dtype_ok(int op, int dt) {
+  return dcomm__op_valid(op) && dcomm__dtype_valid(dt) && (!dcomm__op_bitwise(op) || dcomm__dtype_integer(dt));
+}
 
 size_t dcomm_dtype_size(dcomm_dtype_t dt) { return dcomm__dtype_valid((int)dt) ? dtype_sizes[dt] : 0; }
 
@@ -138,6 +147,10 @@ size_t dcomm_dtype_size(dcomm_dtype_t dt) { return dcomm__dtype_valid((int)dt) ?
 /* x is taken when it is NaN; when only y is NaN the compare fails and y wins. */
 #define OP_FMAX(T, U, x, y) (((x) > (y) || (x) != (x)) ? (x) : (y))
 #define OP_FMIN(T, U, x, y) (((x) < (y) || (x) != (x)) ? (x) : (y))
+/* Bitwise, integers only (on the two's-complement bits of signed types). */
+#define OP_BAND(T, U, x, y) ((T)((U)(x) & (U)(y)))
+#define OP_BOR(T, U, x, y) ((T)((U)(x) | (U)(y)))
+#define OP_BXOR(T, U, x, y) ((T)((U)(x) ^ (U)(y)))
 
 typedef void (*kern2_fn)(void *restrict dst, const void *restrict src, size_t n);
 typedef void (*kern3_fn)(void *restrict dst, const void *restrict a, const void *restrict b, size_t n);
@@ -183,7 +196,10 @@ typedef void (*kern1_fn)(void *dst, size_t n);
   DEF_KERNEL(pfx##_sum, T, U, OP_ISUM)   \
   DEF_KERNEL(pfx##_prod, T, U, OP_IPROD) \
   DEF_KERNEL(pfx##_max, T, U, OP_IMAX)   \
-  DEF_KERNEL(pfx##_min, T, U, OP_IMIN)
+  DEF_KERNEL(pfx##_min, T, U, OP_IMIN)   \
+  DEF_KERNEL(pfx##_band, T, U, OP_BAND)  \
+  DEF_KERNEL(pfx##_bor, T, U, OP_BOR)    \
+  DEF_KERNEL(pfx##_bxor, T, U, OP_BXOR)
 
 #define DEF_FLOAT_TYPE(pfx, T)           \
   DEF_KERNEL(pfx##_sum, T, T, OP_FSUM)   \
@@ -200,20 +216,28 @@ DEF_INT_TYPE(u64, uint64_t, uint64_t)
 DEF_FLOAT_TYPE(f32, float)
 DEF_FLOAT_TYPE(f64, double)
 
-/* Tables indexed [dtype][op] for SUM, PROD, MAX, MIN (AVG maps to SUM). */
-#define ROW(pfx, k) {pfx##_sum_##k, pfx##_prod_##k, pfx##_max_##k, pfx##_min_##k}
-#define TABLE(k)                                                                             \
-  {                                                                                          \
-    [DCOMM_INT8] = ROW(i8, k), [DCOMM_UINT8] = ROW(u8, k), [DCOMM_INT32] = ROW(i32, k),      \
-    [DCOMM_UINT32] = ROW(u32, k), [DCOMM_INT64] = ROW(i64, k), [DCOMM_UINT64] = ROW(u64, k), \
-    [DCOMM_FLOAT32] = ROW(f32, k), [DCOMM_FLOAT64] = ROW(f64, k),                            \
+/*
+ * Tables indexed [dtype][kernel] with kernels SUM, PROD, MAX, MIN, BAND,
+ * BOR, BXOR (AVG maps to SUM); the float rows have no bitwise kernels.
+ */
+#define NKERN 7
+#define FROW(pfx, k) pfx##_sum_##k, pfx##_prod_##k, pfx##_max_##k, pfx##_min_##k
+#define IROW(pfx, k) {FROW(pfx, k), pfx##_band_##k, pfx##_bor_##k, pfx##_bxor_##k}
+#define TABLE(k)                                                                                 \
+  {                                                                                              \
+    [DCOMM_INT8] = IROW(i8, k), [DCOMM_UINT8] = IROW(u8, k), [DCOMM_INT32] = IROW(i32, k),       \
+    [DCOMM_UINT32] = IROW(u32, k), [DCOMM_INT64] = IROW(i64, k), [DCOMM_UINT64] = IROW(u64, k),  \
+    [DCOMM_FLOAT32] = {FROW(f32, k)}, [DCOMM_FLOAT64] = {FROW(f64, k)},                          \
   }
 
-static const kern2_fn kern2[DCOMM_DTYPE_COUNT][4] = TABLE(2);
-static const kern3_fn kern3[DCOMM_DTYPE_COUNT][4] = TABLE(3);
-static const kern1_fn kern1[DCOMM_DTYPE_COUNT][4] = TABLE(1);
+static const kern2_fn kern2[DCOMM_DTYPE_COUNT][NKERN] = TABLE(2);
+static const kern3_fn kern3[DCOMM_DTYPE_COUNT][NKERN] = TABLE(3);
+static const kern1_fn kern1[DCOMM_DTYPE_COUNT][NKERN] = TABLE(1);
 
-static inline int op_index(dcomm_op_t op) { return op == DCOMM_AVG ? (int)DCOMM_SUM : (int)op; }
+/* The kernel column of op: AVG reduces as SUM, the ops after it follow. */
+static inline int op_index(dcomm_op_t op) {
+  return op == DCOMM_AVG ? (int)DCOMM_SUM : op > DCOMM_AVG ? (int)op - 1 : (int)op;
+}
 
 /*
  * float16 / bfloat16 blocks: HALF_BLOCK elements are widened into a float
@@ -341,7 +365,7 @@ static void half_reduce(uint16_t *d, const uint16_t *a, const uint16_t *b, size_
 }
 
 void dcomm__reduce3(void *dst, const void *a, const void *b, size_t count, dcomm_dtype_t dt, dcomm_op_t op) {
-  if (count == 0 || !dcomm__dtype_valid((int)dt) || !dcomm__op_valid((int)op)) return;
+  if (count == 0 || !dcomm__op_dtype_ok((int)op, (int)dt)) return;
   int k = op_index(op);
   if (dt == DCOMM_FLOAT16 || dt == DCOMM_BFLOAT16) {
     half_reduce(dst, a, b, count, dt, k);

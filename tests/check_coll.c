@@ -6,7 +6,11 @@
  * the matrix again with each transport of the tcp backend forced (shared
  * memory is the default on one host, and with single-copy reads for all
  * but small frames), a point-to-point message larger than a shared-memory
- * ring sent to a rank busy in a barrier, and the single-copy probe.
+ * ring sent to a rank busy in a barrier, and the single-copy probe;
+ * bitwise reductions on random bits and their refusal for floating
+ * dtypes; all_to_allv with uneven blocks (zeros, gaps, out of order) on
+ * 2-4 ranks over each transport, its argument checks, and mismatched
+ * counts (DCOMM_EMISMATCH, not a hang).
  */
 #include "config.h"
 
@@ -44,6 +48,9 @@ static double ref_reduce(int n, size_t k, dcomm_op_t op, dcomm_dtype_t dt) {
     if (op == DCOMM_PROD) acc *= v;
     else if (op == DCOMM_MAX) acc = v > acc ? v : acc;
     else if (op == DCOMM_MIN) acc = v < acc ? v : acc;
+    else if (op == DCOMM_BAND) acc = (double)((unsigned)acc & (unsigned)v);
+    else if (op == DCOMM_BOR) acc = (double)((unsigned)acc | (unsigned)v);
+    else if (op == DCOMM_BXOR) acc = (double)((unsigned)acc ^ (unsigned)v);
     else acc += v;
   }
   if (op == DCOMM_AVG) acc = is_int(dt) ? trunc(acc / n) : acc / n;
@@ -139,6 +146,7 @@ static int body_matrix(int rank, int n, void *arg) {
       if (!p->all_dtypes && dt != DCOMM_FLOAT32) continue;
       for (int op = 0; op < DCOMM_OP_COUNT; op++) {
         if (!p->all_dtypes && op != DCOMM_SUM) continue;
+        if (!dcomm__op_dtype_ok(op, (int)dt)) continue; /* bitwise: integers only */
         if (run_reducing(rank, n, dt, (dcomm_op_t)op, count)) return 1;
       }
       if (run_moving(rank, n, dt, count)) return 1;
@@ -179,7 +187,8 @@ static int body_algo(int rank, int n, void *arg) {
   for (size_t i = 0; i < 4; i++)
     for (int op = 0; op < DCOMM_OP_COUNT; op++)
       for (size_t d = 0; d < NDT; d += 3)
-        if (run_reducing(rank, n, all_dtypes[d], (dcomm_op_t)op, counts[i])) return 1;
+        if (dcomm__op_dtype_ok(op, (int)all_dtypes[d]) && run_reducing(rank, n, all_dtypes[d], (dcomm_op_t)op, counts[i]))
+          return 1;
   return 0;
 }
 
@@ -359,6 +368,271 @@ START_TEST(test_cma_probe) {
 }
 END_TEST
 
+/* ---- bitwise reductions ---- */
+
+/* Element k of rank r: random-looking bits over the whole width. */
+static uint64_t bits(int r, size_t k) {
+  uint64_t x = ((uint64_t)r + 1) * 0x9e3779b97f4a7c15ull ^ ((uint64_t)k + 7) * 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 31;
+  return x * 0x94d049bb133111ebull;
+}
+
+static uint64_t bits_ref(int n, size_t k, dcomm_op_t op) {
+  uint64_t acc = bits(0, k);
+  for (int r = 1; r < n; r++)
+    acc = op == DCOMM_BAND ? acc & bits(r, k) : op == DCOMM_BOR ? acc | bits(r, k) : acc ^ bits(r, k);
+  return acc;
+}
+
+/* Element k of buf as its dtype's bits (little-endian: the low bytes). */
+static void put_bits(void *buf, size_t es, size_t k, uint64_t v) { memcpy((char *)buf + k * es, &v, es); }
+static int same_bits(const void *buf, size_t es, size_t k, uint64_t v) { return memcmp((const char *)buf + k * es, &v, es) == 0; }
+
+#define CHECK_BITS(buf, es, count, expr, what)                                                                  \
+  for (size_t k = 0; k < (count); k++)                                                                          \
+    MP_REQUIRE(same_bits((buf), (es), k, (expr)), "%s %s %s count %zu: element %zu wrong", what,               \
+               dcomm__dtype_name(dt), dcomm__op_name(op), (size_t)(count), k);
+
+/* all_reduce (both algorithms: small and ring-sized counts), reduce and
+ * reduce_scatter with each bitwise op on each integer dtype; then each
+ * call with a floating dtype fails locally and leaves the buffer alone. */
+static int body_bitwise(int rank, int n, void *arg) {
+  static const size_t counts[] = {1, 37, 100003};
+  (void)arg;
+  for (int dti = 0; dti <= DCOMM_UINT64; dti++) {
+    dcomm_dtype_t dt = (dcomm_dtype_t)dti;
+    size_t es = dcomm_dtype_size(dt);
+    for (int op = DCOMM_BAND; op <= DCOMM_BXOR; op++) {
+      for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
+        size_t count = counts[ci];
+        char *buf = xalloc(count * es), *big = xalloc(count * es * (size_t)n), *out = xalloc(count * es);
+        for (size_t k = 0; k < count; k++) put_bits(buf, es, k, bits(rank, k));
+        MP_OK(dcomm_all_reduce(buf, count, dt, (dcomm_op_t)op, NULL));
+        CHECK_BITS(buf, es, count, bits_ref(n, k, (dcomm_op_t)op), "all_reduce");
+        int root = (int)((ci + (size_t)op) % (size_t)n);
+        for (size_t k = 0; k < count; k++) put_bits(buf, es, k, bits(rank, k));
+        MP_OK(dcomm_reduce(buf, count, dt, (dcomm_op_t)op, root, NULL));
+        if (rank == root) CHECK_BITS(buf, es, count, bits_ref(n, k, (dcomm_op_t)op), "reduce");
+        for (size_t k = 0; k < count * (size_t)n; k++) put_bits(big, es, k, bits(rank, k));
+        MP_OK(dcomm_reduce_scatter(big, out, count, dt, (dcomm_op_t)op, NULL));
+        CHECK_BITS(out, es, count, bits_ref(n, (size_t)rank * count + k, (dcomm_op_t)op), "reduce_scatter");
+        free(buf), free(big), free(out);
+      }
+    }
+  }
+  for (int dti = DCOMM_FLOAT16; dti < DCOMM_DTYPE_COUNT; dti++) {
+    dcomm_dtype_t dt = (dcomm_dtype_t)dti;
+    for (int op = DCOMM_BAND; op <= DCOMM_BXOR; op++) {
+      double x[4] = {1, 2, 3, 4}, y[4 * 8];
+      memset(y, 0, sizeof(y));
+      int rc = dcomm_all_reduce(x, 2, dt, (dcomm_op_t)op, NULL);
+      MP_REQUIRE(rc == DCOMM_EINVAL, "all_reduce %s %s gave %d", dcomm__dtype_name(dt), dcomm__op_name(op), rc);
+      MP_REQUIRE(strstr(dcomm_last_error(), dcomm__op_name(op)) && strstr(dcomm_last_error(), dcomm__dtype_name(dt)),
+                 "message does not name op and dtype: %s", dcomm_last_error());
+      MP_REQUIRE(x[0] == 1 && x[1] == 2, "a refused all_reduce changed the buffer");
+      MP_REQUIRE(dcomm_reduce(x, 2, dt, (dcomm_op_t)op, 0, NULL) == DCOMM_EINVAL, "reduce %s", dcomm__dtype_name(dt));
+      MP_REQUIRE(dcomm_reduce_scatter(y, x, 1, dt, (dcomm_op_t)op, NULL) == DCOMM_EINVAL, "reduce_scatter %s",
+                 dcomm__dtype_name(dt));
+      MP_REQUIRE(x[0] == 1 && x[1] == 2, "a refused reduce changed the buffer");
+    }
+  }
+  /* nothing moved: the group is still in step */
+  int32_t one = 1;
+  MP_OK(dcomm_all_reduce(&one, 1, DCOMM_INT32, DCOMM_SUM, NULL));
+  MP_REQUIRE(one == n, "sum after the refused calls: %d", one);
+  return 0;
+}
+
+/* _i: 0 default transport (shared memory, single copy for large
+ * frames), 1 tcp forced. */
+START_TEST(test_bitwise) {
+  if (_i == 1) setenv("DCOMM_TRANSPORT", "tcp", 1);
+  int failed = mp_run(3, body_bitwise, NULL, 120);
+  unsetenv("DCOMM_TRANSPORT");
+  ck_assert_msg(failed == 0, "bitwise reductions on 3 ranks (%s): %d ranks failed", _i ? "tcp" : "default", failed);
+}
+END_TEST
+
+/* ---- all_to_allv ---- */
+
+/* Elements rank i sends rank j: uneven, with zeros (and one pair large
+ * enough to wrap a shared-memory ring many times when big is set). */
+static size_t vcount(int i, int j, int n, int big) {
+  if ((i * 3 + j * 5 + n) % 5 == 0) return 0;
+  if (big && i == 0 && j == n - 1) return 70001;
+  return (size_t)((i * 7 + j * 3 + n) % 13) + 1;
+}
+
+/* The layouts: blocks in reverse rank order with gaps of j + 1 elements
+ * in front of each; *total is the buffer's length in elements. */
+static void vlayout(const size_t *counts, int n, size_t *displs, size_t *total) {
+  size_t off = 0;
+  for (int j = n - 1; j >= 0; j--) {
+    off += (size_t)j + 1;
+    displs[j] = off;
+    off += counts[j];
+  }
+  *total = off + 3;
+}
+
+static int run_alltoallv(int rank, int n, dcomm_dtype_t dt, int big) {
+  size_t es = dcomm_dtype_size(dt), sc[8], sd[8], rc[8], rd[8], stot, rtot;
+  for (int j = 0; j < n; j++) sc[j] = vcount(rank, j, n, big), rc[j] = vcount(j, rank, n, big);
+  vlayout(sc, n, sd, &stot);
+  vlayout(rc, n, rd, &rtot);
+  char *send = xalloc(stot * es), *recv = xalloc(rtot * es), *mark = xalloc(es);
+  bench_put(mark, dt, 0, 99);
+  for (size_t k = 0; k < stot; k++) bench_put(send, dt, k, 77);
+  for (int j = 0; j < n; j++)
+    for (size_t k = 0; k < sc[j]; k++) bench_put(send, dt, sd[j] + k, code(rank, j, k));
+  for (size_t k = 0; k < rtot; k++) memcpy(recv + k * es, mark, es);
+  MP_OK(dcomm_all_to_allv(send, sc, sd, recv, rc, rd, dt, NULL));
+  /* every block from its sender, every gap untouched */
+  char *in_block = xalloc(rtot);
+  for (int j = 0; j < n; j++) {
+    for (size_t k = 0; k < rc[j]; k++) {
+      double got = bench_get(recv, dt, rd[j] + k);
+      MP_REQUIRE(got == code(j, rank, k), "all_to_allv %s on %d ranks: element %zu from rank %d is %g, want %g",
+                 dcomm__dtype_name(dt), n, k, j, got, code(j, rank, k));
+    }
+    memset(in_block + rd[j], 1, rc[j]);
+  }
+  for (size_t k = 0; k < rtot; k++)
+    MP_REQUIRE(in_block[k] || !memcmp(recv + k * es, mark, es), "all_to_allv %s: gap element %zu was written",
+               dcomm__dtype_name(dt), k);
+  free(send), free(recv), free(mark), free(in_block);
+  return 0;
+}
+
+static int body_alltoallv(int rank, int n, void *arg) {
+  (void)arg;
+  for (size_t d = 0; d < NDT; d++)
+    if (run_alltoallv(rank, n, all_dtypes[d], 0)) return 1;
+  /* one large block (wraps the 64 KiB rings; single copy where allowed) */
+  if (run_alltoallv(rank, n, DCOMM_FLOAT64, 1) || run_alltoallv(rank, n, DCOMM_INT8, 1)) return 1;
+  /* every count zero, and buffers NULL */
+  size_t z[8] = {0}, zd[8] = {0};
+  MP_OK(dcomm_all_to_allv(NULL, z, zd, NULL, z, zd, DCOMM_INT32, NULL));
+  int32_t x = 1;
+  MP_OK(dcomm_all_reduce(&x, 1, DCOMM_INT32, DCOMM_SUM, NULL));
+  MP_REQUIRE(x == n, "sum after all_to_allv: %d", x);
+  return 0;
+}
+
+/* _i % 3: 2, 3 or 4 ranks; _i / 3: 0 default transport, 1 tcp forced, 2
+ * shared memory with single-copy reads from 4 KiB. */
+START_TEST(test_alltoallv) {
+  int n = 2 + _i % 3, tr = _i / 3;
+  if (tr == 1) setenv("DCOMM_TRANSPORT", "tcp", 1);
+  if (tr == 2) {
+    setenv("DCOMM_TRANSPORT", "shm", 1);
+    setenv("DCOMM_SHM_CMA_MIN", "4096", 1);
+    setenv("DCOMM_SHM_CMA_FWD_MIN", "4096", 1);
+  }
+  setenv("DCOMM_SHM_RING_SIZE", "65536", 1);
+  int failed = mp_run(n, body_alltoallv, NULL, 120);
+  unsetenv("DCOMM_TRANSPORT");
+  unsetenv("DCOMM_SHM_CMA_MIN");
+  unsetenv("DCOMM_SHM_CMA_FWD_MIN");
+  unsetenv("DCOMM_SHM_RING_SIZE");
+  ck_assert_msg(failed == 0, "all_to_allv on %d ranks (transport %s): %d ranks failed", n,
+                tr == 0 ? "default" : tr == 1 ? "tcp" : "shm single copy", failed);
+}
+END_TEST
+
+#define EXPECT_EINVAL(call, text)                                                                     \
+  do {                                                                                                \
+    int rc_ = (call);                                                                                 \
+    MP_REQUIRE(rc_ == DCOMM_EINVAL, "%s gave %d, want DCOMM_EINVAL", #call, rc_);                    \
+    MP_REQUIRE(strstr(dcomm_last_error(), text), "%s: message lacks \"%s\": %s", #call, text, dcomm_last_error()); \
+  } while (0)
+
+/* Bad arguments fail on the calling rank before any byte moves (every
+ * rank makes the same bad calls, and the group stays in step). */
+static int body_alltoallv_args(int rank, int n, void *arg) {
+  (void)arg, (void)rank;
+  int32_t sb[16] = {0}, rb[16];
+  size_t c1[4] = {1, 1, 1, 1}, d[4] = {0, 1, 2, 3}, dsame[4] = {0, 0, 0, 0};
+  size_t huge[4] = {SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX}, big[4] = {SIZE_MAX / 2, 0, 0, 0};
+  memset(rb, 0x5a, sizeof(rb));
+  EXPECT_EINVAL(dcomm_all_to_allv(sb, NULL, d, rb, c1, d, DCOMM_INT32, NULL), "sendcounts is NULL");
+  EXPECT_EINVAL(dcomm_all_to_allv(sb, c1, NULL, rb, c1, d, DCOMM_INT32, NULL), "sdispls is NULL");
+  EXPECT_EINVAL(dcomm_all_to_allv(sb, c1, d, rb, NULL, d, DCOMM_INT32, NULL), "recvcounts is NULL");
+  EXPECT_EINVAL(dcomm_all_to_allv(sb, c1, d, rb, c1, NULL, DCOMM_INT32, NULL), "rdispls is NULL");
+  EXPECT_EINVAL(dcomm_all_to_allv(sb, c1, d, rb, c1, huge, DCOMM_INT32, NULL), "overflow");
+  EXPECT_EINVAL(dcomm_all_to_allv(sb, c1, big, rb, c1, d, DCOMM_INT32, NULL), "overflow");
+  EXPECT_EINVAL(dcomm_all_to_allv(sb, huge, d, rb, c1, d, DCOMM_INT32, NULL), "overflow");
+  EXPECT_EINVAL(dcomm_all_to_allv(NULL, c1, d, rb, c1, d, DCOMM_INT32, NULL), "sendbuf is NULL");
+  EXPECT_EINVAL(dcomm_all_to_allv(sb, c1, d, NULL, c1, d, DCOMM_INT32, NULL), "recvbuf is NULL");
+  EXPECT_EINVAL(dcomm_all_to_allv(sb, c1, d, rb, c1, d, DCOMM_DTYPE_COUNT, NULL), "dtype");
+  if (n > 1) {
+    EXPECT_EINVAL(dcomm_all_to_allv(sb, c1, d, rb, c1, dsame, DCOMM_INT32, NULL), "overlap");
+    size_t c2[4] = {2, 2, 2, 2}, d2[4] = {0, 3, 6, 9};
+    d2[n - 1] = 1; /* [1, 3) overlaps block 0 at [0, 2) */
+    EXPECT_EINVAL(dcomm_all_to_allv(sb, c2, d, rb, c2, d2, DCOMM_INT32, NULL), "overlap");
+  }
+  /* in place: a send block inside a receive block */
+  EXPECT_EINVAL(dcomm_all_to_allv(rb, c1, d, rb, c1, d, DCOMM_INT32, NULL), "in place");
+  for (size_t k = 0; k < 16; k++) MP_REQUIRE(rb[k] == 0x5a5a5a5a, "a refused call wrote element %zu", k);
+  int32_t x = 1;
+  MP_OK(dcomm_all_reduce(&x, 1, DCOMM_INT32, DCOMM_SUM, NULL));
+  MP_REQUIRE(x == n, "sum after the refused calls: %d", x);
+  return 0;
+}
+
+START_TEST(test_alltoallv_args) { ck_assert_int_eq(mp_run(1 + 2 * _i, body_alltoallv_args, NULL, 60), 0); }
+END_TEST
+
+/*
+ * Counts that disagree: _i 0 rank 0 sends 5 elements to rank 1, which
+ * expects 3; _i 1 rank 0 sends nothing to rank 1, which expects 4 (an
+ * empty block still goes as a frame); _i 2 rank 2 sends itself 2 but
+ * expects 3. The ranks involved get DCOMM_EMISMATCH well within the
+ * timeout (the rank that notices breaks the group and tells the others;
+ * a rank whose blocks all matched gets it from this call or its next),
+ * and the noticing rank's message names both counts.
+ */
+static int body_alltoallv_mismatch(int rank, int n, void *arg) {
+  int kind = *(const int *)arg;
+  MP_OK(dcomm_group_set_timeout(NULL, 20));
+  size_t sc[4], sd[4], rc[4], rd[4];
+  int32_t sb[64], rb[64];
+  for (int j = 0; j < n; j++) sc[j] = rc[j] = 3, sd[j] = rd[j] = (size_t)j * 16;
+  for (int k = 0; k < 64; k++) sb[k] = rank * 100 + k;
+  const char *want = NULL;
+  if (kind == 0) {
+    if (rank == 0) sc[1] = 5;
+    if (rank == 1) want = "sends 5 int32 elements to rank 1, but rank 1 expects 3";
+  } else if (kind == 1) {
+    if (rank == 0) sc[1] = 0;
+    if (rank == 1) rc[0] = 4, want = "sends 0 int32 elements to rank 1, but rank 1 expects 4";
+  } else if (rank == 2) {
+    sc[2] = 2;
+    want = "sends 2 int32 elements to itself (sendcounts[2]) but expects 3";
+  }
+  double t0 = mp_now();
+  int r = dcomm_all_to_allv(sb, sc, sd, rb, rc, rd, DCOMM_INT32, NULL);
+  int involved = kind == 2 || rank < 2;
+  if (!involved && r == 0) {
+    /* rank 2's own blocks all matched and may have gone through before
+     * the abort came; its next call fails */
+    r = dcomm_barrier(NULL);
+  }
+  MP_REQUIRE(r == DCOMM_EMISMATCH, "rank %d got %d (%s), want DCOMM_EMISMATCH", rank, r, dcomm_error_name(r));
+  MP_REQUIRE(mp_now() - t0 < 10, "the mismatch took %.1f s to report", mp_now() - t0);
+  if (want) MP_REQUIRE(strstr(dcomm_last_error(), want), "message lacks \"%s\": %s", want, dcomm_last_error());
+  return 0;
+}
+
+START_TEST(test_alltoallv_mismatch) {
+  int kind = _i % 3;
+  if (_i / 3) setenv("DCOMM_TRANSPORT", "tcp", 1);
+  int failed = mp_run(3, body_alltoallv_mismatch, &kind, 60);
+  unsetenv("DCOMM_TRANSPORT");
+  ck_assert_msg(failed == 0, "mismatch kind %d (%s): %d ranks failed", kind, _i / 3 ? "tcp" : "default", failed);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("coll");
   TCase *tc = tcase_create("matrix");
@@ -375,6 +649,13 @@ int main(void) {
   tcase_add_test(tc, test_barrier);
   tcase_add_loop_test(tc, test_transport, 0, 6);
   tcase_add_test(tc, test_cma_probe);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("bitwise_alltoallv");
+  tcase_set_timeout(tc, 200);
+  tcase_add_loop_test(tc, test_bitwise, 0, 2);
+  tcase_add_loop_test(tc, test_alltoallv, 0, 9);
+  tcase_add_loop_test(tc, test_alltoallv_args, 0, 2);
+  tcase_add_loop_test(tc, test_alltoallv_mismatch, 0, 6);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

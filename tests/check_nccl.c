@@ -5,7 +5,8 @@
  * time), the argument checks and fall-back answers of the comm_shrink and
  * comm_split ops, the
  * optional-op lookup of the backend table, and the message for two ranks
- * of one communicator on one GPU (ncclInvalidUsage). Built only when
+ * of one communicator on one GPU (ncclInvalidUsage), and what post
+ * refuses up front (bitwise ops, a bad all_to_allv). Built only when
  * configure found NCCL; nothing here needs a CUDA device.
  */
 #include "config.h"
@@ -287,6 +288,40 @@ START_TEST(test_set_stream_args) {
 }
 END_TEST
 
+/* post refuses what NCCL cannot do before any CUDA or NCCL call (the
+ * handle below is a stand-in that nothing may use): the bitwise
+ * reductions, and an all_to_allv whose block to itself disagrees. */
+START_TEST(test_post_refusals) {
+  comm_setup(1, 3, 1);
+  comm.nc = (ncclComm_t)(uintptr_t)0x1;
+  void *req = (void *)&req;
+  int32_t x[4] = {0};
+  for (int op = DCOMM_BAND; op <= DCOMM_BXOR; op++) {
+    static const char *const names[] = {"band", "bor", "bxor"};
+    enum dcomm_coll colls[] = {DCOMM_COLL_ALL_REDUCE, DCOMM_COLL_REDUCE, DCOMM_COLL_REDUCE_SCATTER};
+    for (int k = 0; k < 3; k++) {
+      struct dcomm_coll_args a = {.coll = colls[k], .sendbuf = x, .recvbuf = x, .count = 1, .dtype = DCOMM_INT32,
+                                  .op = (dcomm_op_t)op, .deadline = t_now() + 5};
+      last_err[0] = 0;
+      ck_assert_int_eq(dnccl_post(&comm, &a, &req), DCOMM_ENOTSUP);
+      ck_assert_msg(strstr(last_err, names[op - DCOMM_BAND]) && strstr(last_err, "no bitwise reductions"), "%s",
+                    last_err);
+      ck_assert_ptr_null(req);
+    }
+  }
+  size_t sc[3] = {1, 2, 3}, rc[3] = {1, 1, 1}, d[3] = {0, 1, 3};
+  struct dcomm_vlayout v = {.sendcounts = sc, .sdispls = d, .recvcounts = rc, .rdispls = d};
+  struct dcomm_coll_args a = {.coll = DCOMM_COLL_ALL_TO_ALLV, .sendbuf = x, .recvbuf = x, .dtype = DCOMM_INT32,
+                              .deadline = t_now() + 5, .v = &v};
+  ck_assert_int_eq(dnccl_post(&comm, &a, &req), DCOMM_EMISMATCH);
+  ck_assert_msg(strstr(last_err, "sends 2 elements to itself") && strstr(last_err, "expects 1"), "%s", last_err);
+  a.v = NULL;
+  ck_assert_int_eq(dnccl_post(&comm, &a, &req), DCOMM_EINVAL);
+  ck_assert_str_eq(dnccl_coll_name(DCOMM_COLL_ALL_TO_ALLV), "all_to_allv");
+  comm.nc = NULL;
+}
+END_TEST
+
 /* ---- two ranks of one communicator on one GPU ---- */
 
 START_TEST(test_duplicate_gpu_text) {
@@ -320,6 +355,7 @@ int main(void) {
   tcase_add_test(tc, test_optional_op_lookup);
   tcase_add_test(tc, test_set_stream_args);
   tcase_add_test(tc, test_duplicate_gpu_text);
+  tcase_add_test(tc, test_post_refusals);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

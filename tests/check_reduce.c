@@ -275,6 +275,9 @@ static uint64_t ref_iop_bits(uint64_t x, uint64_t y, int64_t sx, int64_t sy, int
     case DCOMM_PROD: return x * y;
     case DCOMM_MAX: return is_signed ? (sx > sy ? x : y) : (x > y ? x : y);
     case DCOMM_MIN: return is_signed ? (sx < sy ? x : y) : (x < y ? x : y);
+    case DCOMM_BAND: return x & y;
+    case DCOMM_BOR: return x | y;
+    case DCOMM_BXOR: return x ^ y;
     default: return 0;
   }
 }
@@ -443,7 +446,13 @@ static void compare(const void *got, const void *a, const void *b, size_t n, dco
  * One dtype x op at count n: in place (dcomm__reduce), out of place into a
  * third buffer, and out of place with dst aliasing a and aliasing b.
  */
+static void run_refused(dcomm_dtype_t dt, dcomm_op_t op, size_t n);
+
 static void run_case(dcomm_dtype_t dt, dcomm_op_t op, size_t n) {
+  if (!dcomm__op_dtype_ok(op, dt)) {
+    run_refused(dt, op, n);
+    return;
+  }
   size_t bytes = n * dcomm_dtype_size(dt);
   void *a = alloc_guarded(n, dt), *b = alloc_guarded(n, dt), *d = alloc_guarded(n, dt);
   void *a0 = malloc(bytes + 1), *b0 = malloc(bytes + 1);
@@ -480,6 +489,37 @@ static void run_case(dcomm_dtype_t dt, dcomm_op_t op, size_t n) {
   compare(d, a0, a0, n, dt, op, "reduce(dst==src)");
   check_guard(d, n, dt, "reduce(dst==src)");
 
+  free(a);
+  free(b);
+  free(d);
+  free(a0);
+  free(b0);
+}
+
+/* A pair without a kernel (a bitwise op on a floating dtype) leaves every
+ * buffer as it was, in each calling form. */
+static void run_refused(dcomm_dtype_t dt, dcomm_op_t op, size_t n) {
+  size_t bytes = n * dcomm_dtype_size(dt);
+  void *a = alloc_guarded(n, dt), *b = alloc_guarded(n, dt), *d = alloc_guarded(n, dt);
+  void *a0 = malloc(bytes + 1), *b0 = malloc(bytes + 1);
+  ck_assert_ptr_nonnull(a0);
+  ck_assert_ptr_nonnull(b0);
+  fill_random(a, n, dt);
+  fill_random(b, n, dt);
+  memset(d, 0x3c, bytes);
+  memcpy(a0, a, bytes);
+  memcpy(b0, b, bytes);
+  dcomm__reduce3(d, a, b, n, dt, op);
+  dcomm__reduce(a, b, n, dt, op);
+  dcomm__reduce3(b, a, b, n, dt, op);
+  dcomm__reduce(a, a, n, dt, op);
+  for (size_t i = 0; i < bytes; i++)
+    REQUIRE(((unsigned char *)d)[i] == 0x3c && ((unsigned char *)a)[i] == ((unsigned char *)a0)[i] &&
+                ((unsigned char *)b)[i] == ((unsigned char *)b0)[i],
+            "%s %s n=%zu has no kernel but changed byte %zu", dcomm__dtype_name(dt), dcomm__op_name(op), n, i);
+  check_guard(a, n, dt, "refused");
+  check_guard(b, n, dt, "refused");
+  check_guard(d, n, dt, "refused");
   free(a);
   free(b);
   free(d);
@@ -566,6 +606,7 @@ START_TEST(test_reduce_large_odd) {
   fill_random(a, n, dt);
   fill_random(b, n, dt);
   for (int op = 0; op < DCOMM_OP_COUNT; op++) {
+    if (!dcomm__op_dtype_ok(op, dt)) continue; /* run_refused covers these */
     dcomm__reduce3(d, a, b, n, dt, (dcomm_op_t)op);
     compare(d, a, b, n, dt, (dcomm_op_t)op, "reduce3(large)");
     check_guard(d, n, dt, "reduce3(large)");
@@ -606,6 +647,69 @@ START_TEST(test_int_wrap) {
   uint32_t mu[] = {0x80000000u}, nu[] = {1};
   dcomm__reduce(mu, nu, 1, DCOMM_UINT32, DCOMM_MIN); /* unsigned compare, not signed */
   ck_assert(mu[0] == 1);
+}
+END_TEST
+
+/*
+ * Bitwise ops on every integer dtype with edge values (zero, all ones,
+ * the signed extremes, alternating bits), in every position of a vector
+ * block and its tail, against constants worked out by hand.
+ */
+#define BITWISE_CASE(DT, T)                                                                                   \
+  do {                                                                                                        \
+    const T all = (T)~(T)0, hi = (T)(UINT64_C(1) << (sizeof(T) * 8 - 1)), lo = (T)~hi;                       \
+    const T five = (T)UINT64_C(0x5555555555555555), aa = (T)~five; /* 0x55.. and 0xaa.. */                   \
+    const T xs[] = {0, all, hi, lo, five, aa, 1, all, hi, 0}, ys[] = {all, all, lo, lo, aa, aa, all, 0, hi, 0}; \
+    const T want_and[] = {0, all, 0, lo, 0, aa, 1, 0, hi, 0};                                                 \
+    const T want_or[] = {all, all, all, lo, all, aa, all, all, hi, 0};                                        \
+    const T want_xor[] = {all, 0, all, 0, all, 0, (T)(all - 1), all, 0, 0};                                   \
+    const T *wants[] = {want_and, want_or, want_xor};                                                         \
+    enum { N = 10, LEN = 130 }; /* two 64-byte blocks of int8 and a tail */                                   \
+    for (int o = 0; o < 3; o++) {                                                                             \
+      dcomm_op_t op = (dcomm_op_t)(DCOMM_BAND + o);                                                           \
+      T x[LEN], y[LEN], d[LEN];                                                                               \
+      for (int i = 0; i < LEN; i++) x[i] = xs[i % N], y[i] = ys[i % N];                                       \
+      dcomm__reduce3(d, x, y, LEN, DT, op);                                                                   \
+      for (int i = 0; i < LEN; i++)                                                                           \
+        REQUIRE(d[i] == wants[o][i % N], "%s %s element %d: 0x%llx op 0x%llx gave 0x%llx", dcomm__dtype_name(DT), \
+                dcomm__op_name(op), i, (unsigned long long)x[i], (unsigned long long)y[i], (unsigned long long)d[i]); \
+      dcomm__reduce(x, y, LEN, DT, op);                                                                       \
+      REQUIRE(memcmp(x, d, sizeof(d)) == 0, "%s %s in place differs", dcomm__dtype_name(DT), dcomm__op_name(op)); \
+      for (int i = 0; i < LEN; i++) x[i] = xs[i % N];                                                         \
+      dcomm__reduce(x, x, LEN, DT, op); /* x op x: x, x, 0 */                                                 \
+      for (int i = 0; i < LEN; i++)                                                                           \
+        REQUIRE(x[i] == (op == DCOMM_BXOR ? (T)0 : xs[i % N]), "%s %s with itself wrong at %d",                \
+                dcomm__dtype_name(DT), dcomm__op_name(op), i);                                                 \
+    }                                                                                                         \
+  } while (0)
+
+START_TEST(test_bitwise_edges) {
+  BITWISE_CASE(DCOMM_INT8, int8_t);
+  BITWISE_CASE(DCOMM_UINT8, uint8_t);
+  BITWISE_CASE(DCOMM_INT32, int32_t);
+  BITWISE_CASE(DCOMM_UINT32, uint32_t);
+  BITWISE_CASE(DCOMM_INT64, int64_t);
+  BITWISE_CASE(DCOMM_UINT64, uint64_t);
+}
+END_TEST
+
+/* Which pairs reduce: bitwise ops take the six integer dtypes only. */
+START_TEST(test_bitwise_dtypes) {
+  for (int dt = 0; dt < DCOMM_DTYPE_COUNT; dt++)
+    for (int op = 0; op < DCOMM_OP_COUNT; op++) {
+      int bitwise = op == DCOMM_BAND || op == DCOMM_BOR || op == DCOMM_BXOR;
+      int integer = dt <= DCOMM_UINT64;
+      ck_assert_int_eq(dcomm__op_bitwise(op), bitwise);
+      ck_assert_int_eq(dcomm__dtype_integer(dt), integer);
+      ck_assert_msg(dcomm__op_dtype_ok(op, dt) == (!bitwise || integer), "%s %s", dcomm__dtype_name(dt),
+                    dcomm__op_name(op));
+    }
+  ck_assert(!dcomm__op_dtype_ok(DCOMM_OP_COUNT, DCOMM_INT32));
+  ck_assert(!dcomm__op_dtype_ok(DCOMM_BAND, DCOMM_DTYPE_COUNT));
+  ck_assert_int_eq(DCOMM_BAND, 5);
+  ck_assert_int_eq(DCOMM_BOR, 6);
+  ck_assert_int_eq(DCOMM_BXOR, 7);
+  ck_assert_int_eq(DCOMM_OP_COUNT, 8);
 }
 END_TEST
 
@@ -790,7 +894,7 @@ START_TEST(test_dtype_facts) {
 END_TEST
 
 START_TEST(test_op_facts) {
-  static const char *const names[] = {"sum", "prod", "max", "min", "avg"};
+  static const char *const names[] = {"sum", "prod", "max", "min", "avg", "band", "bor", "bxor"};
   ck_assert_int_eq(sizeof(names) / sizeof(names[0]), DCOMM_OP_COUNT);
   for (int op = 0; op < DCOMM_OP_COUNT; op++) {
     ck_assert(dcomm__op_valid(op));
@@ -822,6 +926,8 @@ static Suite *reduce_suite(void) {
   tcase_add_loop_test(tc, test_half_block_identity, 0, 3);
   tcase_add_loop_test(tc, test_half_block_scale_all, 0, 3);
   tcase_add_test(tc, test_int_wrap);
+  tcase_add_test(tc, test_bitwise_edges);
+  tcase_add_test(tc, test_bitwise_dtypes);
   tcase_add_test(tc, test_float_nan_max_min);
   tcase_add_test(tc, test_half_sum_rounding);
   tcase_add_test(tc, test_count_zero);

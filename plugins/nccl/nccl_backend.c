@@ -53,7 +53,8 @@ const char *dnccl_coll_name(enum dcomm_coll c) {
       [DCOMM_COLL_ALL_GATHER] = "all_gather", [DCOMM_COLL_GATHER] = "gather",
       [DCOMM_COLL_SCATTER] = "scatter",     [DCOMM_COLL_REDUCE_SCATTER] = "reduce_scatter",
       [DCOMM_COLL_ALL_TO_ALL] = "all_to_all", [DCOMM_COLL_BARRIER] = "barrier",
-      [DCOMM_COLL_SEND] = "send",           [DCOMM_COLL_RECV] = "recv"};
+      [DCOMM_COLL_SEND] = "send",           [DCOMM_COLL_RECV] = "recv",
+      [DCOMM_COLL_ALL_TO_ALLV] = "all_to_allv"};
   return (unsigned)c < DCOMM_COLL_COUNT ? names[c] : "unknown op";
 }
 

@@ -10,9 +10,13 @@
  * other communicator on the device) and returns DCOMM_ETIMEDOUT.
  *
  * Mapping: all_reduce, reduce, broadcast, all_gather and reduce_scatter are
- * the NCCL collectives; gather, scatter and all_to_all are ncclSend/ncclRecv
- * grouped in ncclGroupStart/End; barrier is an all_reduce of one int on a
- * small device buffer; send/recv are ncclSend/ncclRecv (no tags).
+ * the NCCL collectives; gather, scatter, all_to_all and all_to_allv are
+ * ncclSend/ncclRecv grouped in ncclGroupStart/End (all_to_allv skips empty
+ * blocks, and cannot see a count that differs from the peer's: that hangs
+ * until the deadline); barrier is an all_reduce of one int on a small
+ * device buffer; send/recv are ncclSend/ncclRecv (no tags). NCCL has no
+ * bitwise reductions: DCOMM_BAND, DCOMM_BOR and DCOMM_BXOR are
+ * DCOMM_ENOTSUP.
  */
 #include "nccl.h"
 
@@ -47,6 +51,21 @@ static int map_op(dcomm_op_t op, ncclRedOp_t *out) {
   case DCOMM_MIN: *out = ncclMin; return 0;
   case DCOMM_AVG: *out = ncclAvg; return 0;
   default: return -1;
+  }
+}
+
+/* The module does not link libdcomm, so it names the ops itself. */
+static const char *op_text(dcomm_op_t op) {
+  switch (op) {
+  case DCOMM_SUM: return "sum";
+  case DCOMM_PROD: return "prod";
+  case DCOMM_MAX: return "max";
+  case DCOMM_MIN: return "min";
+  case DCOMM_AVG: return "avg";
+  case DCOMM_BAND: return "band";
+  case DCOMM_BOR: return "bor";
+  case DCOMM_BXOR: return "bxor";
+  default: return "op?";
   }
 }
 
@@ -91,6 +110,14 @@ static int check_buf(struct dnccl_comm *c, const void *p, size_t bytes, const ch
   }
 }
 
+/* The bytes an all_to_allv side spans: the end of its last non-empty block. */
+static size_t vextent(const size_t *counts, const size_t *displs, int n, size_t es) {
+  size_t end = 0;
+  for (int j = 0; j < n; j++)
+    if (counts[j] && (displs[j] + counts[j]) * es > end) end = (displs[j] + counts[j]) * es;
+  return end;
+}
+
 /* Which buffers an op touches, and how large they are, on this rank. */
 static int check_bufs(struct dnccl_comm *c, const struct dcomm_coll_args *a, const void *sb, void *rb, size_t bytes) {
   const char *what = dnccl_coll_name(a->coll);
@@ -127,6 +154,15 @@ static int check_bufs(struct dnccl_comm *c, const struct dcomm_coll_args *a, con
   case DCOMM_COLL_ALL_TO_ALL:
     if ((rc = check_buf(c, sb, all, sname, what)) == 0) rc = check_buf(c, rb, all, rname, what);
     break;
+  case DCOMM_COLL_ALL_TO_ALLV: {
+    size_t es = 1, se, re;
+    ncclDataType_t unused;
+    (void)map_dtype(a->dtype, &unused, &es);
+    se = vextent(a->v->sendcounts, a->v->sdispls, c->size, es);
+    re = vextent(a->v->recvcounts, a->v->rdispls, c->size, es);
+    if ((rc = check_buf(c, sb, se, sname, what)) == 0) rc = check_buf(c, rb, re, rname, what);
+    break;
+  }
   case DCOMM_COLL_SEND: rc = check_buf(c, sb, bytes, "buf", what); break;
   case DCOMM_COLL_RECV: rc = check_buf(c, rb, bytes, "buf", what); break;
   default: break;
@@ -136,7 +172,7 @@ static int check_bufs(struct dnccl_comm *c, const struct dcomm_coll_args *a, con
 
 /* gather, scatter and all_to_all as one group of sends and receives. */
 static ncclResult_t grouped(struct dnccl_comm *c, enum dcomm_coll coll, const void *sb, void *rb, size_t n,
-                            size_t es, ncclDataType_t dt, int root, cudaStream_t s) {
+                            size_t es, ncclDataType_t dt, int root, const struct dcomm_vlayout *v, cudaStream_t s) {
   const char *sp = sb;
   char *rp = rb;
   size_t chunk = n * es;
@@ -166,6 +202,12 @@ static ncclResult_t grouped(struct dnccl_comm *c, enum dcomm_coll coll, const vo
       DNCCL_G(ncclRecv(rp + (size_t)p * chunk, n, dt, p, c->nc, s));
     }
     break;
+  case DCOMM_COLL_ALL_TO_ALLV: /* empty blocks are left out, on both sides */
+    for (int p = 0; p < c->size; p++) {
+      if (v->sendcounts[p]) DNCCL_G(ncclSend(sp + v->sdispls[p] * es, v->sendcounts[p], dt, p, c->nc, s));
+      if (v->recvcounts[p]) DNCCL_G(ncclRecv(rp + v->rdispls[p] * es, v->recvcounts[p], dt, p, c->nc, s));
+    }
+    break;
   default: first = ncclInvalidArgument; break;
   }
 #undef DNCCL_G
@@ -185,7 +227,8 @@ static ncclResult_t enqueue(struct dnccl_comm *c, const struct dcomm_coll_args *
   case DCOMM_COLL_REDUCE_SCATTER: return ncclReduceScatter(sb, rb, n, dt, op, c->nc, s);
   case DCOMM_COLL_GATHER:
   case DCOMM_COLL_SCATTER:
-  case DCOMM_COLL_ALL_TO_ALL: return grouped(c, a->coll, sb, rb, n, es, dt, a->root, s);
+  case DCOMM_COLL_ALL_TO_ALL:
+  case DCOMM_COLL_ALL_TO_ALLV: return grouped(c, a->coll, sb, rb, n, es, dt, a->root, a->v, s);
   case DCOMM_COLL_BARRIER: return ncclAllReduce(c->barrier_buf, c->barrier_buf, 1, ncclInt32, ncclSum, c->nc, s);
   case DCOMM_COLL_SEND: return ncclSend(sb, n, dt, a->root, c->nc, s);
   case DCOMM_COLL_RECV: return ncclRecv(rb, n, dt, a->root, c->nc, s);
@@ -219,6 +262,11 @@ int dnccl_post(void *comm, const struct dcomm_coll_args *a, void **out) {
   if (a->coll != DCOMM_COLL_BARRIER && map_dtype(a->dtype, &dt, &es) < 0)
     return h->err(DCOMM_EINVAL, "nccl backend: %s: dtype %d has no NCCL type", what, (int)a->dtype);
   ncclRedOp_t op = ncclSum;
+  if (is_reduction(a->coll) && (a->op == DCOMM_BAND || a->op == DCOMM_BOR || a->op == DCOMM_BXOR))
+    return h->err(DCOMM_ENOTSUP,
+                  "nccl backend: %s with op %s is not supported: NCCL has no bitwise reductions (band, bor, bxor); "
+                  "use the tcp backend for them",
+                  what, op_text(a->op));
   if (is_reduction(a->coll) && map_op(a->op, &op) < 0)
     return h->err(DCOMM_EINVAL, "nccl backend: %s: reduction op %d has no NCCL op", what, (int)a->op);
   if (has_root(a->coll) && (a->root < 0 || a->root >= c->size))
@@ -227,6 +275,16 @@ int dnccl_post(void *comm, const struct dcomm_coll_args *a, void **out) {
                   c->size);
   if (a->count > SIZE_MAX / es / (size_t)c->size)
     return h->err(DCOMM_EINVAL, "nccl backend: %s: count %zu overflows", what, a->count);
+  int vempty = 1; /* all_to_allv: no block to move on this rank */
+  if (a->coll == DCOMM_COLL_ALL_TO_ALLV) {
+    if (!a->v) return h->err(DCOMM_EINVAL, "nccl backend: %s without its counts", what);
+    if (a->v->sendcounts[c->rank] != a->v->recvcounts[c->rank])
+      return h->err(DCOMM_EMISMATCH,
+                    "nccl backend: mismatched all_to_allv counts: rank %d sends %zu elements to itself "
+                    "(sendcounts[%d]) but expects %zu (recvcounts[%d])",
+                    c->rank, a->v->sendcounts[c->rank], c->rank, a->v->recvcounts[c->rank], c->rank);
+    for (int p = 0; p < c->size && vempty; p++) vempty = !a->v->sendcounts[p] && !a->v->recvcounts[p];
+  }
 
   /* In-place ops (all_reduce, reduce, broadcast) come with sendbuf NULL;
    * send comes with the buffer in both. */
@@ -236,7 +294,7 @@ int dnccl_post(void *comm, const struct dcomm_coll_args *a, void **out) {
               a->coll == DCOMM_COLL_SEND))
     sb = rb;
   size_t bytes = a->count * es;
-  int nothing = a->count == 0 && a->coll != DCOMM_COLL_BARRIER;
+  int nothing = a->coll == DCOMM_COLL_ALL_TO_ALLV ? vempty : a->count == 0 && a->coll != DCOMM_COLL_BARRIER;
   if (!nothing) {
     (void)cudaSetDevice(c->dev);
     if ((rc = check_bufs(c, a, sb, rb, bytes)) < 0) return rc;
@@ -249,7 +307,7 @@ int dnccl_post(void *comm, const struct dcomm_coll_args *a, void **out) {
   r->count = a->count;
   r->deadline = a->deadline;
   r->posted = h->now();
-  if (nothing) { /* every rank has count 0: no NCCL call at all */
+  if (nothing) { /* every rank has count 0 (all_to_allv: this rank has no block): no NCCL call at all */
     *out = r;
     return 0;
   }

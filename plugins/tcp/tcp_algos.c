@@ -13,6 +13,10 @@
  *   reduce_scatter  ring that reduces into two block-sized accumulators,
  *                   never copying the whole input;
  *   gather / scatter / all_to_all: direct exchanges progressed together;
+ *   all_to_allv     the same pairwise exchange with a block per pair from
+ *                   the counts and displacements; an empty block still
+ *                   goes as an empty frame, so a receiver that expects
+ *                   data from it gets DCOMM_EMISMATCH, never a hang;
  *   barrier:        dissemination.
  */
 #include "config.h"
@@ -338,6 +342,36 @@ static int all_to_all(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   return pairwise(c, a, a->sendbuf, blen, a->recvbuf, blen);
 }
 
+/* Every pair exchanges one frame each way, empty blocks included: the
+ * receiver checks each frame's length against its recvcounts entry. */
+static int all_to_allv(struct tcp_comm *c, const struct dcomm_coll_args *a) {
+  const struct dcomm_vlayout *v = a->v;
+  size_t es = dcomm_dtype_size(a->dtype);
+  int n = c->size, r = c->rank;
+  if (!v) return c->ctx->host->err(DCOMM_EINVAL, "tcp %s: all_to_allv without its counts", c->label);
+  if (v->sendcounts[r] != v->recvcounts[r])
+    return tcp_fail(c, DCOMM_EMISMATCH,
+                    "tcp %s: mismatched all_to_allv counts: rank %d sends %zu %s elements to itself "
+                    "(sendcounts[%d]) but expects %zu (recvcounts[%d])",
+                    c->label, r, v->sendcounts[r], c->ctx->host->dtype_name(a->dtype), r, v->recvcounts[r], r);
+  const char *in = a->sendbuf;
+  char *out = a->recvbuf;
+  if (v->recvcounts[r]) memmove(out + v->rdispls[r] * es, in + v->sdispls[r] * es, v->recvcounts[r] * es);
+  if (n == 1) return 0;
+  struct tcp_xop *ops = calloc((size_t)(2 * n), sizeof(*ops));
+  if (!ops) return oom(c);
+  int k = 0;
+  for (int s = 1; s < n; s++) {
+    int to = mod(r + s, n), from = mod(r - s, n);
+    size_t sl = v->sendcounts[to] * es, rl = v->recvcounts[from] * es;
+    ops[k++] = (struct tcp_xop){.peer = to, .is_send = 1, .sbuf = sl ? in + v->sdispls[to] * es : NULL, .len = sl};
+    ops[k++] = (struct tcp_xop){.peer = from, .rbuf = rl ? out + v->rdispls[from] * es : NULL, .len = rl};
+  }
+  int rc = tcp_xfer(c, ops, k, a);
+  free(ops);
+  return rc;
+}
+
 static int barrier(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   int n = c->size, r = c->rank;
   for (int d = 1; d < n; d <<= 1) TCP_CHECK(exchange(c, a, mod(r + d, n), NULL, 0, mod(r - d, n), NULL, 0, 0));
@@ -354,6 +388,7 @@ int tcp_run_coll(struct tcp_comm *c, const struct dcomm_coll_args *a) {
     case DCOMM_COLL_SCATTER: return direct(c, a, 0);
     case DCOMM_COLL_REDUCE_SCATTER: return reduce_scatter(c, a);
     case DCOMM_COLL_ALL_TO_ALL: return all_to_all(c, a);
+    case DCOMM_COLL_ALL_TO_ALLV: return all_to_allv(c, a);
     case DCOMM_COLL_BARRIER: return barrier(c, a);
     case DCOMM_COLL_SEND: return tcp_p2p_send(c, a);
     case DCOMM_COLL_RECV: return tcp_p2p_recv(c, a);

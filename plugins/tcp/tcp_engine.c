@@ -294,7 +294,8 @@ static void fill_hdr(struct tcp_hdr *h, const struct dcomm_coll_args *a, size_t 
   h->op = (uint8_t)a->op;
   h->root = a->coll == DCOMM_COLL_SEND ? a->tag : a->root;
   h->seq = a->seq;
-  h->count = a->count;
+  /* all_to_allv: the block's count, which differs per pair of ranks */
+  h->count = a->coll == DCOMM_COLL_ALL_TO_ALLV ? len / dcomm_dtype_size(a->dtype) : a->count;
   h->len = len;
 }
 

@@ -23,7 +23,7 @@
 
 static const char *const coll_names[DCOMM_COLL_COUNT] = {
     "none", "all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter",
-    "reduce_scatter", "all_to_all", "barrier", "send", "recv"};
+    "reduce_scatter", "all_to_all", "barrier", "send", "recv", "all_to_allv"};
 
 const char *tcp_coll_name(int c) { return c >= 0 && c < DCOMM_COLL_COUNT ? coll_names[c] : "unknown"; }
 
@@ -258,6 +258,8 @@ void tcp_describe_args(char *buf, size_t len, const struct dcomm_host *h, int co
                           int dtype, int op, int root) {
   if (coll == DCOMM_COLL_BARRIER)
     snprintf(buf, len, "barrier(seq %llu)", (unsigned long long)seq);
+  else if (coll == DCOMM_COLL_ALL_TO_ALLV) /* count differs per pair of ranks */
+    snprintf(buf, len, "all_to_allv(seq %llu, %s)", (unsigned long long)seq, h->dtype_name(dtype));
   else if (coll == DCOMM_COLL_SEND || coll == DCOMM_COLL_RECV)
     snprintf(buf, len, "%s(count %llu, %s, tag %d)", tcp_coll_name(coll), (unsigned long long)count, h->dtype_name(dtype),
              root);
@@ -273,9 +275,11 @@ void tcp_describe_args(char *buf, size_t len, const struct dcomm_host *h, int co
   }
 }
 
+/* An all_to_allv frame's count is that pair's block (tcp_check_hdr). */
 int tcp_sig_matches(const struct tcp_hdr *h, const struct dcomm_coll_args *a) {
   int mine_coll = a->coll == DCOMM_COLL_RECV ? DCOMM_COLL_SEND : (int)a->coll;
-  return h->coll == mine_coll && h->seq == a->seq && h->count == a->count && h->dtype == (uint8_t)a->dtype &&
+  int count_ok = a->coll == DCOMM_COLL_ALL_TO_ALLV || h->count == a->count;
+  return h->coll == mine_coll && h->seq == a->seq && count_ok && h->dtype == (uint8_t)a->dtype &&
          h->op == (uint8_t)a->op && h->root == (a->coll == DCOMM_COLL_RECV ? a->tag : a->root);
 }
 
@@ -293,9 +297,17 @@ int tcp_mismatch(struct tcp_comm *c, int peer, const struct dcomm_coll_args *a) 
 /* Checks a DATA/P2P header against what this rank called. */
 int tcp_check_hdr(struct tcp_comm *c, int peer, const struct tcp_xop *op, const struct dcomm_coll_args *a) {
   const struct tcp_hdr *h = &c->peers[peer].hdr;
-  int ok = h->len == op->len;
-  if (c->ctx->check_mismatch || a->coll == DCOMM_COLL_RECV) ok = ok && tcp_sig_matches(h, a);
-  return ok ? 0 : tcp_mismatch(c, peer, a);
+  int sig_ok = !(c->ctx->check_mismatch || a->coll == DCOMM_COLL_RECV) || tcp_sig_matches(h, a);
+  if (sig_ok && h->len != op->len && a->coll == DCOMM_COLL_ALL_TO_ALLV && h->coll == DCOMM_COLL_ALL_TO_ALLV &&
+      h->dtype == (uint8_t)a->dtype) {
+    size_t es = dcomm_dtype_size(a->dtype);
+    return tcp_fail(c, DCOMM_EMISMATCH,
+                    "tcp %s: mismatched all_to_allv counts: rank %d (world rank %d) sends %llu %s elements to rank "
+                    "%d, but rank %d expects %zu from it (recvcounts[%d])",
+                    c->label, peer, tcp_world_of(c, peer), (unsigned long long)(h->len / es),
+                    c->ctx->host->dtype_name(a->dtype), c->rank, c->rank, op->len / es, peer);
+  }
+  return sig_ok && h->len == op->len ? 0 : tcp_mismatch(c, peer, a);
 }
 
 /* Whether a frame goes single-copy: a collective's payload of at least

@@ -70,7 +70,7 @@ static size_t mismatches(const float *got, const float *want, size_t n, char *no
 
 static const char *const dt_names[DCOMM_DTYPE_COUNT] = {"int8",  "uint8",   "int32",    "uint32",  "int64",
                                                         "uint64", "float16", "bfloat16", "float32", "float64"};
-static const char *const op_names[DCOMM_OP_COUNT] = {"sum", "prod", "max", "min", "avg"};
+static const char *const op_names[DCOMM_OP_COUNT] = {"sum", "prod", "max", "min", "avg", "band", "bor", "bxor"};
 
 /* ---- the checks ---- */
 
@@ -104,7 +104,7 @@ static void check_ops(void) {
   float h[100], want[100];
   char note[128];
   float *d = dalloc(sizeof(h));
-  for (int op = 0; op < DCOMM_OP_COUNT; op++) {
+  for (int op = 0; op <= DCOMM_AVG; op++) { /* the arithmetic ops; NCCL has no bitwise ones */
     for (size_t i = 0; i < n; i++) {
       h[i] = (float)v_of(me, i);
       double w = op == DCOMM_PROD ? 1 : op == DCOMM_MIN ? 1e9 : op == DCOMM_MAX ? -1e9 : 0;
@@ -122,6 +122,10 @@ static void check_ops(void) {
     down(h, d, sizeof(h));
     size_t bad = mismatches(h, want, n, note, sizeof(note));
     gpu_result(rc == 0 && bad == 0, "all_reduce float32 %-4s: rc %s, %zu wrong%s", op_names[op], rctext(rc), bad, note);
+  }
+  for (int op = DCOMM_BAND; op <= DCOMM_BXOR; op++) {
+    int rc = dcomm_all_reduce(d, n, DCOMM_INT32, (dcomm_op_t)op, NULL);
+    gpu_result(rc == DCOMM_ENOTSUP, "all_reduce int32 %-4s is refused: rc %s", op_names[op], rctext(rc));
   }
   /* reduce to the last rank */
   int root = np - 1;
@@ -218,6 +222,26 @@ static void check_gathers(void) {
   down(hr, dr, all * 4);
   bad = mismatches(hr, want, all, note, sizeof(note));
   gpu_result(rc == 0 && bad == 0, "all_to_all count %zu: rc %s, %zu wrong%s", c, rctext(rc), bad, note);
+
+  /* all_to_allv: rank r sends (r + p) % 3 elements to rank p (one more
+   * to itself), packed in rank order; rank p expects as many from r */
+  {
+    size_t sc[64], sd[64], rcn[64], rd[64], so = 0, ro = 0;
+    for (int p = 0; p < np && p < 64; p++) {
+      sc[p] = (size_t)((me + p) % 3 + (p == me)), sd[p] = so, so += sc[p];
+      rcn[p] = (size_t)((p + me) % 3 + (p == me)), rd[p] = ro, ro += rcn[p];
+    }
+    for (int p = 0; p < np; p++)
+      for (size_t k = 0; k < sc[p]; k++) hs[sd[p] + k] = (float)(me * 10000 + p * 100 + (int)k);
+    for (int p = 0; p < np; p++)
+      for (size_t k = 0; k < rcn[p]; k++) want[rd[p] + k] = (float)(p * 10000 + me * 100 + (int)k);
+    up(ds, hs, so * 4 + 4);
+    gpu_cuda_check(cudaMemset(dr, 0, all * 4), "cudaMemset");
+    rc = so <= all && ro <= all && np <= 64 ? dcomm_all_to_allv(ds, sc, sd, dr, rcn, rd, DCOMM_FLOAT32, NULL) : DCOMM_EINVAL;
+    down(hr, dr, ro * 4 + 4);
+    bad = mismatches(hr, want, ro, note, sizeof(note));
+    gpu_result(rc == 0 && bad == 0, "all_to_allv uneven: rc %s, %zu wrong%s", rctext(rc), bad, note);
+  }
 
   cudaFree(ds);
   cudaFree(dr);
