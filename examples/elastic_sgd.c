@@ -10,6 +10,8 @@
  * The kills happen in the first life of the job only: generation 0 with
  * DCOMM_RESTART_COUNT unset or 0 (a batch script that reruns the job sets
  * it). --done-file F: rank 0 writes the final line to F when it finished.
+ * --named-parity 1: the parity groups are made with dcomm_new_group_named
+ * ("even", "odd"), each by its own members only.
  *
  *   dcomm-run --nproc-per-node 4 -- examples/elastic_sgd --steps 200 \
  *       --checkpoint-every 10 --checkpoint-dir /tmp/ckpt --kill-rank 2 --kill-at-step 57
@@ -41,6 +43,7 @@ struct app {
   struct state st;
   dcomm_group_t parity; /* even / odd world ranks of generation 0 */
   int has_parity;       /* a member that joined later has no such group */
+  int named_parity;     /* made with dcomm_new_group_named on its members */
   double lr;
   char kill_ranks[64]; /* comma-separated ranks that die at kill_at */
   long kill_at;
@@ -178,7 +181,7 @@ static void usage(void) {
   fprintf(stderr,
           "usage: elastic_sgd --steps N --checkpoint-every K --checkpoint-dir DIR [--lr X]\n"
           "                   [--kill-rank R[,R...] --kill-at-step S [--kill-in-save 1]] [--kill-in-recovery R]\n"
-          "                   [--sleep-ms MS] [--slow-rank R --slow-ms MS] [--done-file FILE]\n");
+          "                   [--sleep-ms MS] [--slow-rank R --slow-ms MS] [--done-file FILE] [--named-parity 1]\n");
   exit(2);
 }
 
@@ -200,6 +203,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--kill-in-recovery")) a.kill_in_recovery = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--kill-at-step")) a.kill_at = atol(argv[++i]);
     else if (!strcmp(argv[i], "--done-file")) a.done_file = argv[++i];
+    else if (!strcmp(argv[i], "--named-parity")) a.named_parity = atoi(argv[++i]);
     else usage();
   }
   if (steps <= 0 || (a.every > 0 && !dir)) usage();
@@ -218,9 +222,17 @@ int main(int argc, char **argv) {
    * when it was made, so it is not in it. */
   first_generation = dcomm_generation();
   if (!dcomm_elastic_is_joiner()) {
-    rc = dcomm_group_split(NULL, dcomm_rank() % 2, 0, &a.parity);
+    if (a.named_parity) {
+      /* Only this rank's own parity group, as torch creates a group's
+       * backend on its members alone. */
+      int list[64], n = 0;
+      for (int r = dcomm_rank() % 2; r < dcomm_world_size() && n < 64; r += 2) list[n++] = r;
+      rc = dcomm_new_group_named(dcomm_rank() % 2 ? "odd" : "even", list, n, &a.parity);
+    } else {
+      rc = dcomm_group_split(NULL, dcomm_rank() % 2, 0, &a.parity);
+    }
     if (rc < 0) {
-      fprintf(stderr, "elastic_sgd: split: %s\n", dcomm_last_error());
+      fprintf(stderr, "elastic_sgd: parity group: %s\n", dcomm_last_error());
       return 1;
     }
     a.has_parity = 1;

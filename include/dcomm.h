@@ -104,6 +104,11 @@ DCOMM_API const char *dcomm_backend_name(void);
  * over the parent; a negative color gives a non-member handle. */
 DCOMM_API int dcomm_new_group(const int *world_ranks, int n, dcomm_group_t *group);
 DCOMM_API int dcomm_group_split(dcomm_group_t parent, int color, int key, dcomm_group_t *group);
+/* Collective over the listed members only (torch.distributed creates a
+ * group's backend on its members alone): a caller not in world_ranks gets
+ * a non-member handle at once. name tells groups with the same members
+ * apart; a second live group of the same name and ranks is refused. */
+DCOMM_API int dcomm_new_group_named(const char *name, const int *world_ranks, int n, dcomm_group_t *group);
 DCOMM_API int dcomm_group_rank(dcomm_group_t g);
 DCOMM_API int dcomm_group_size(dcomm_group_t g);
 DCOMM_API int dcomm_group_world_rank(dcomm_group_t g, int group_rank);
@@ -128,6 +133,16 @@ DCOMM_API int dcomm_all_to_allv(const void *sendbuf, const size_t *sendcounts, c
                                 const size_t *recvcounts, const size_t *rdispls, dcomm_dtype_t dt, dcomm_group_t g);
 DCOMM_API int dcomm_send(const void *buf, size_t count, dcomm_dtype_t dt, int peer, int tag, dcomm_group_t g);
 DCOMM_API int dcomm_recv(void *buf, size_t count, dcomm_dtype_t dt, int peer, int tag, dcomm_group_t g);
+/* Any member, for dcomm_probe's peer. */
+#define DCOMM_ANY_SOURCE (-1)
+/* Waits up to timeout seconds (0: not at all) for a message with tag from
+ * peer (a group rank or DCOMM_ANY_SOURCE) to be fully there: 1 and its
+ * sender and payload bytes, which a dcomm_recv from *src then takes at
+ * once; 0 if none came; a negative DCOMM_E* on failure. */
+DCOMM_API int dcomm_probe(int peer, int tag, dcomm_group_t g, double timeout, int *src, size_t *nbytes);
+/* dcomm_recv from whichever member's message with tag comes first; *src
+ * (may be NULL) is its group rank. */
+DCOMM_API int dcomm_recv_any(void *buf, size_t count, dcomm_dtype_t dt, int tag, dcomm_group_t g, int *src);
 DCOMM_API int dcomm_barrier(dcomm_group_t g);
 /* GPU backends: later collectives of this rank on g are enqueued on
  * cuda_stream (a cudaStream_t of this rank's GPU, passed as void * so this

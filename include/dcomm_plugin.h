@@ -184,6 +184,15 @@ struct dcomm_backend_v1 {
   int (*host_buffers)(void *ctx);
   /* The backend's own parameters, ended by an entry whose name is NULL. */
   const struct dcomm_backend_param *params;
+  /* Point-to-point probe: progresses comm's incoming links until a
+   * message with tag from peer (a rank of comm, or DCOMM_ANY_SOURCE: the
+   * oldest such message of any peer) is fully received and waiting for a
+   * receive, or until deadline (absolute, host->now()'s clock; one already
+   * past: look without waiting). 1: found, *src (comm rank) and *nbytes
+   * (payload bytes) set, and the next receive from *src with tag takes
+   * exactly that message; 0: none by the deadline (comm stays healthy);
+   * < 0: an error (a lost peer, an abort). Same thread rules as run. */
+  int (*probe)(void *comm, int peer, int tag, double deadline, int *src, size_t *nbytes);
 };
 
 /* The smallest table the loader accepts: every op up to describe; the

@@ -8,6 +8,7 @@
 #include "config.h"
 #include "world.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -290,6 +291,73 @@ int dcomm_send(const void *buf, size_t count, dcomm_dtype_t dt, int peer, int ta
 
 int dcomm_recv(void *buf, size_t count, dcomm_dtype_t dt, int peer, int tag, dcomm_group_t g) {
   return p2p(DCOMM_COLL_RECV, "recv", buf, count, dt, peer, tag, g);
+}
+
+typedef int (*probe_fn)(void *, int, int, double, int *, size_t *);
+
+static int need_probe(const char *what, probe_fn *probe) {
+  *probe = DCOMM_BACKEND_OP(dcomm__w.be, probe);
+  if (!*probe)
+    return dcomm__err(DCOMM_ENOTSUP, "%s: the %s backend cannot probe for point-to-point messages (no probe op)", what,
+                      dcomm__w.be->name);
+  return 0;
+}
+
+static int probe_failed(struct dcomm_group *grp, int rc, const char *what) {
+  dcomm__err_ctx(rc, "%s on %s (rank %d of %d)", what, grp->label, grp->rank, grp->size);
+  DCOMM_LOG(WARN, COLL, "%s", dcomm_last_error());
+  return rc;
+}
+
+int dcomm_probe(int peer, int tag, dcomm_group_t g, double timeout, int *src, size_t *nbytes) {
+  struct dcomm_group *grp;
+  probe_fn probe;
+  DCOMM_CHECK(dcomm__group_resolve(g, 1, &grp));
+  if (peer != DCOMM_ANY_SOURCE) {
+    DCOMM_CHECK(check_root(grp, "probe", "peer", peer));
+    if (peer == grp->rank) return dcomm__err(DCOMM_EINVAL, "probe: peer %d is this rank itself", peer);
+  }
+  if (tag < 0) return dcomm__err(DCOMM_EINVAL, "probe: tag %d is negative", tag);
+  if (!(timeout >= 0) || isinf(timeout))
+    return dcomm__err(DCOMM_EINVAL, "probe: timeout must be 0 or more seconds and finite, got %g", timeout);
+  DCOMM_CHECK(need_probe("probe", &probe));
+  int s = -1;
+  size_t nb = 0;
+  int rc = probe(grp->bcomm, peer, tag, dcomm__now() + timeout, &s, &nb);
+  if (rc < 0) return probe_failed(grp, rc, "probe");
+  if (rc > 0) {
+    if (src) *src = s;
+    if (nbytes) *nbytes = nb;
+    return 1;
+  }
+  return 0;
+}
+
+int dcomm_recv_any(void *buf, size_t count, dcomm_dtype_t dt, int tag, dcomm_group_t g, int *src) {
+  struct dcomm_group *grp;
+  probe_fn probe;
+  DCOMM_CHECK(check(g, &grp, "recv_any", count, dt, 1));
+  if (tag < 0) return dcomm__err(DCOMM_EINVAL, "recv_any: tag %d is negative", tag);
+  if (grp->size < 2) return dcomm__err(DCOMM_EINVAL, "recv_any: %s has no other member to receive from", grp->label);
+  DCOMM_CHECK(need_buf("recv_any", "buf", buf, count));
+  DCOMM_CHECK(need_probe("recv_any", &probe));
+  int s = -1;
+  size_t nb = 0;
+  int rc = probe(grp->bcomm, DCOMM_ANY_SOURCE, tag, dcomm__now() + grp->timeout, &s, &nb);
+  if (rc < 0) return probe_failed(grp, rc, "recv_any");
+  if (rc == 0) {
+    dcomm__err(DCOMM_ETIMEDOUT, "recv_any on %s (rank %d of %d): no message with tag %d from any member within %g s "
+               "(the group's timeout)", grp->label, grp->rank, grp->size, tag, grp->timeout);
+    DCOMM_LOG(WARN, COLL, "%s", dcomm_last_error());
+    return DCOMM_ETIMEDOUT;
+  }
+  /* The message is queued in full: this recv takes it at once, and
+   * reports a size or dtype mismatch as dcomm_recv does. */
+  struct dcomm_coll_args a = {.coll = DCOMM_COLL_RECV, .sendbuf = buf, .recvbuf = buf, .count = count, .dtype = dt,
+                              .root = s, .tag = tag};
+  rc = dcomm__run_op(grp, &a, "recv_any");
+  if (rc == 0 && src) *src = s;
+  return rc;
 }
 
 int dcomm_barrier(dcomm_group_t g) {

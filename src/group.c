@@ -3,7 +3,9 @@
  * dcomm_group_split (collective over the parent) compute the member list
  * the same way on every rank and give it a communicator id derived from the
  * call's position and its members, so a rank that passed a different list
- * cannot be wired into the wrong communicator.
+ * cannot be wired into the wrong communicator. dcomm_new_group_named is
+ * collective over its members only: its id comes from the world's id, the
+ * name and the members, which every member knows without the others.
  */
 #include "config.h"
 #include "world.h"
@@ -64,10 +66,10 @@ void dcomm__group_release(struct dcomm_group *grp) {
 
 /* Gives grp its communicator: split from parent's when the backend can
  * (every member of parent takes part, members of grp with color), else a
- * new one on the members alone. */
+ * new one on the members alone (always when parent is NULL). */
 static int group_attach(struct dcomm_group *grp, struct dcomm_group *parent, int color) {
   int (*split)(void *, int, const struct dcomm_comm_spec *, void **) = DCOMM_BACKEND_OP(dcomm__w.be, comm_split);
-  if (split && parent->bcomm) {
+  if (split && parent && parent->bcomm) {
     struct dcomm_comm_spec spec = dcomm__group_spec(grp);
     int rc = split(parent->bcomm, grp->is_member ? color : -1, grp->is_member ? &spec : NULL, &grp->bcomm);
     if (rc == 0) return 0;
@@ -79,9 +81,10 @@ static int group_attach(struct dcomm_group *grp, struct dcomm_group *parent, int
 }
 
 /* Makes a group from world ranks (already validated) on every member of
- * parent; color as for group_attach. */
+ * parent (NULL: on its own members only); color as for group_attach;
+ * name: dcomm_new_group_named's, or NULL. */
 static int make_group(uint64_t id, const int *world_ranks, int n, double timeout, struct dcomm_group *parent, int color,
-                      const char *kind, dcomm_group_t *out) {
+                      const char *kind, const char *name, dcomm_group_t *out) {
   struct dcomm_group *grp = calloc(1, sizeof(*grp));
   if (!grp) return dcomm__err(DCOMM_ENOMEM, "%s: out of memory", kind);
   grp->world_ranks = malloc(sizeof(int) * (size_t)(n ? n : 1));
@@ -97,7 +100,12 @@ static int make_group(uint64_t id, const int *world_ranks, int n, double timeout
   for (int i = 0; i < n; i++)
     if (world_ranks[i] == dcomm__w.rank) grp->rank = i;
   grp->is_member = grp->rank >= 0;
-  snprintf(grp->label, sizeof(grp->label), "group %016llx", (unsigned long long)id);
+  if (name) {
+    snprintf(grp->name, sizeof(grp->name), "%s", name);
+    snprintf(grp->label, sizeof(grp->label), "group \"%.22s\"", name);
+  } else {
+    snprintf(grp->label, sizeof(grp->label), "group %016llx", (unsigned long long)id);
+  }
   int rc = group_attach(grp, parent, color);
   if (rc < 0) {
     free(grp->world_ranks);
@@ -113,28 +121,60 @@ static int make_group(uint64_t id, const int *world_ranks, int n, double timeout
   return 0;
 }
 
-int dcomm_new_group(const int *world_ranks, int n, dcomm_group_t *group) {
-  struct dcomm_group *world;
-  DCOMM_CHECK(dcomm__group_resolve(NULL, 1, &world));
-  if (!group) return dcomm__err(DCOMM_EINVAL, "dcomm_new_group: group is NULL");
-  *group = &invalid_group;
+/* Checks a list of world ranks for a new group: in range, none twice. */
+static int check_ranks(const char *what, const int *world_ranks, int n) {
   if (n < 1 || n > dcomm__w.size || !world_ranks)
-    return dcomm__err(DCOMM_EINVAL, "dcomm_new_group: %d ranks requested from a world of %d", n, dcomm__w.size);
+    return dcomm__err(DCOMM_EINVAL, "%s: %d ranks requested from a world of %d", what, n, dcomm__w.size);
   char *seen = calloc((size_t)dcomm__w.size, 1);
-  if (!seen) return dcomm__err(DCOMM_ENOMEM, "dcomm_new_group: out of memory");
+  if (!seen) return dcomm__err(DCOMM_ENOMEM, "%s: out of memory", what);
   for (int i = 0; i < n; i++) {
     int r = world_ranks[i];
     if (r < 0 || r >= dcomm__w.size || seen[r]) {
       free(seen);
-      return dcomm__err(DCOMM_EINVAL, "dcomm_new_group: rank %d at position %d is %s", r, i,
+      return dcomm__err(DCOMM_EINVAL, "%s: rank %d at position %d is %s", what, r, i,
                         r < 0 || r >= dcomm__w.size ? "out of range" : "listed twice");
     }
     seen[r] = 1;
   }
   free(seen);
+  return 0;
+}
+
+int dcomm_new_group(const int *world_ranks, int n, dcomm_group_t *group) {
+  struct dcomm_group *world;
+  DCOMM_CHECK(dcomm__group_resolve(NULL, 1, &world));
+  if (!group) return dcomm__err(DCOMM_EINVAL, "dcomm_new_group: group is NULL");
+  *group = &invalid_group;
+  DCOMM_CHECK(check_ranks("dcomm_new_group", world_ranks, n));
   uint64_t serial = dcomm__w.new_groups++;
   uint64_t id = dcomm__hash64(world->id ^ (serial * 0x9e3779b97f4a7c15ull), world_ranks, sizeof(int) * (size_t)n);
-  return make_group(id, world_ranks, n, world->timeout, world, 0, "new_group", group);
+  return make_group(id, world_ranks, n, world->timeout, world, 0, "new_group", NULL, group);
+}
+
+int dcomm_new_group_named(const char *name, const int *world_ranks, int n, dcomm_group_t *group) {
+  struct dcomm_group *world;
+  DCOMM_CHECK(dcomm__group_resolve(NULL, 1, &world));
+  if (!group) return dcomm__err(DCOMM_EINVAL, "dcomm_new_group_named: group is NULL");
+  *group = &invalid_group;
+  if (!name || !*name) return dcomm__err(DCOMM_EINVAL, "dcomm_new_group_named: the name is %s", name ? "empty" : "NULL");
+  size_t len = strlen(name);
+  if (len > DCOMM__GROUP_NAME_MAX)
+    return dcomm__err(DCOMM_EINVAL, "dcomm_new_group_named: the name is %zu bytes long (at most %d)", len,
+                      DCOMM__GROUP_NAME_MAX);
+  char what[DCOMM__GROUP_NAME_MAX + 48];
+  snprintf(what, sizeof(what), "dcomm_new_group_named(\"%s\")", name);
+  DCOMM_CHECK(check_ranks(what, world_ranks, n));
+  /* No communication here, so a repeated name with the same members
+   * would give two groups one communicator id: refused. */
+  for (struct dcomm_group *g = dcomm__w.groups; g; g = g->next)
+    if (g->size == n && !strcmp(g->name, name) && !memcmp(g->world_ranks, world_ranks, sizeof(int) * (size_t)n))
+      return dcomm__err(DCOMM_EINVAL, "%s: a live group of that name with these %d ranks exists (%s); free it first",
+                        what, n, g->label);
+  /* Distinct from dcomm_new_group's ids (which hash a serial), different
+   * per generation (the world's id) and per name. */
+  uint64_t seed = dcomm__hash64(world->id ^ 0x6e616d6564677270ull, name, len); /* "namedgrp" */
+  uint64_t id = dcomm__hash64(seed, world_ranks, sizeof(int) * (size_t)n);
+  return make_group(id, world_ranks, n, world->timeout, NULL, 0, "new_group_named", name, group);
 }
 
 struct split_entry {
@@ -195,7 +235,7 @@ int dcomm_group_split(dcomm_group_t parent, int color, int key, dcomm_group_t *g
   if (rc == 0) {
     uint64_t seed = p->id ^ ((serial + 1) * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)(uint32_t)color << 32);
     uint64_t id = dcomm__hash64(seed, members, sizeof(int) * (size_t)n);
-    rc = make_group(id, members, n, p->timeout, p, color < 0 ? -1 : color, "group_split", group); /* n is 0 for color < 0 */
+    rc = make_group(id, members, n, p->timeout, p, color < 0 ? -1 : color, "group_split", NULL, group); /* n is 0 for color < 0 */
   }
   free(all), free(ent), free(members);
   return rc;

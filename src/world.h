@@ -16,6 +16,9 @@
 struct dcomm_store;
 struct dcomm_store_server;
 
+/* Longest name dcomm_new_group_named takes (bytes, without the NUL). */
+#define DCOMM__GROUP_NAME_MAX 127
+
 struct dcomm_group {
   uint64_t id;      /* communicator id, equal on every member */
   int is_member;    /* 0: a handle held by a non-member */
@@ -26,6 +29,7 @@ struct dcomm_group {
   uint64_t seq;     /* collectives issued so far */
   uint64_t splits;  /* dcomm_group_split calls on this group so far */
   char label[32];
+  char name[DCOMM__GROUP_NAME_MAX + 1]; /* dcomm_new_group_named's name, else "" */
   struct dcomm_group *next;
 };
 

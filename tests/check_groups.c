@@ -2,7 +2,7 @@
  * check_groups.c: sub-groups as users build them: overlapping new_group
  * lists, a list in reverse order, split by color and key, nested splits,
  * non-member handles, interleaved collectives on different groups, and the
- * argument checks.
+ * argument checks; named groups created by their members alone.
  */
 #include "config.h"
 
@@ -119,6 +119,109 @@ static int body_badgroups(int rank, int n, void *arg) {
 START_TEST(test_badgroups) { ck_assert_int_eq(mp_run(2, body_badgroups, NULL, 60), 0); }
 END_TEST
 
+/* dcomm_new_group_named at world 3: "a" on ranks 0,1 and "b" on ranks
+ * 1,2, each created by its members only (rank 2 never calls "a", rank 0
+ * never "b"); a non-member's call returns at once; a second live group of
+ * the same name and ranks is refused, other names or orders are not. */
+static int body_named(int rank, int n, void *arg) {
+  (void)n, (void)arg;
+  int a_list[] = {0, 1}, b_list[] = {1, 2}, ba_list[] = {1, 0};
+  dcomm_group_t a = NULL, b = NULL, c = NULL, ra = NULL, out = NULL;
+  int32_t s;
+  if (rank <= 1) {
+    MP_OK(dcomm_new_group_named("a", a_list, 2, &a));
+    MP_REQUIRE(dcomm_group_rank(a) == rank, "rank in a: %d", dcomm_group_rank(a));
+    MP_OK(sum_world_ranks(a, &s));
+    MP_REQUIRE(s == 1, "sum over a = %d", s);
+  }
+  if (rank >= 1) {
+    MP_OK(dcomm_new_group_named("b", b_list, 2, &b));
+    MP_REQUIRE(dcomm_group_rank(b) == rank - 1, "rank in b: %d", dcomm_group_rank(b));
+    MP_OK(sum_world_ranks(b, &s));
+    MP_REQUIRE(s == 3, "sum over b = %d", s);
+  }
+  /* A non-member gets its handle without any communication. */
+  double t0 = mp_now();
+  if (rank == 2) MP_OK(dcomm_new_group_named("a", a_list, 2, &out));
+  if (rank == 0) MP_OK(dcomm_new_group_named("b", b_list, 2, &out));
+  if (rank != 1) {
+    MP_REQUIRE(mp_now() - t0 < 0.5, "a non-member's new_group_named took %.3f s", mp_now() - t0);
+    MP_REQUIRE(dcomm_group_rank(out) == DCOMM_ENOTMEMBER, "non-member rank query");
+    MP_REQUIRE(dcomm_group_size(out) == 2, "non-member size query");
+    MP_REQUIRE(sum_world_ranks(out, &s) == DCOMM_ENOTMEMBER, "non-member collective");
+    MP_OK(dcomm_group_free(out));
+  }
+  /* Same name and ranks while the first lives: refused, naming it. */
+  if (rank <= 1) {
+    MP_REQUIRE(dcomm_new_group_named("a", a_list, 2, &out) == DCOMM_EINVAL, "duplicate name and ranks");
+    MP_REQUIRE(strstr(dcomm_last_error(), "\"a\"") != NULL, "message: %s", dcomm_last_error());
+    float x = 1;
+    MP_REQUIRE(out != NULL && dcomm_all_reduce(&x, 1, DCOMM_FLOAT32, DCOMM_SUM, out) == DCOMM_EINVAL,
+               "the handle of a refused creation");
+    /* Same ranks, another name; same name, another order: new groups. */
+    MP_OK(dcomm_new_group_named("c", a_list, 2, &c));
+    MP_OK(dcomm_new_group_named("a", ba_list, 2, &ra));
+    MP_REQUIRE(dcomm_group_rank(ra) == 1 - rank, "rank in reversed a: %d", dcomm_group_rank(ra));
+    int32_t v = rank == 1 ? 77 : -1;
+    MP_OK(dcomm_broadcast(&v, 1, DCOMM_INT32, 0, ra));
+    MP_REQUIRE(v == 77, "broadcast over reversed a gave %d", v);
+  }
+  /* Interleaved collectives; rank 1 is in every group. */
+  for (int it = 0; it < 20; it++) {
+    if (rank <= 1) {
+      MP_OK(sum_world_ranks(a, &s));
+      MP_REQUIRE(s == 1, "a: %d", s);
+      MP_OK(sum_world_ranks(c, &s));
+      MP_REQUIRE(s == 1, "c: %d", s);
+    }
+    if (rank >= 1) {
+      MP_OK(sum_world_ranks(b, &s));
+      MP_REQUIRE(s == 3, "b: %d", s);
+    }
+  }
+  /* Freed, the name and ranks can be used again. */
+  if (rank <= 1) {
+    MP_OK(dcomm_group_free(a));
+    MP_OK(dcomm_new_group_named("a", a_list, 2, &a));
+    MP_OK(sum_world_ranks(a, &s));
+    MP_REQUIRE(s == 1, "a again: %d", s);
+    MP_OK(dcomm_group_free(a));
+    MP_OK(dcomm_group_free(c));
+    MP_OK(dcomm_group_free(ra));
+  }
+  if (rank >= 1) MP_OK(dcomm_group_free(b));
+  MP_OK(dcomm_barrier(NULL));
+  return 0;
+}
+
+START_TEST(test_named) { ck_assert_int_eq(mp_run(3, body_named, NULL, 60), 0); }
+END_TEST
+
+static int body_badnamed(int rank, int n, void *arg) {
+  (void)rank, (void)n, (void)arg;
+  dcomm_group_t g;
+  int ok[] = {0, 1}, dup[] = {1, 1}, out[] = {0, 7};
+  char longname[200];
+  memset(longname, 'x', sizeof(longname) - 1);
+  longname[sizeof(longname) - 1] = 0;
+  MP_REQUIRE(dcomm_new_group_named(NULL, ok, 2, &g) == DCOMM_EINVAL, "NULL name");
+  MP_REQUIRE(dcomm_new_group_named("", ok, 2, &g) == DCOMM_EINVAL, "empty name");
+  MP_REQUIRE(dcomm_new_group_named(longname, ok, 2, &g) == DCOMM_EINVAL, "name of 199 bytes");
+  MP_REQUIRE(strstr(dcomm_last_error(), "at most") != NULL, "message: %s", dcomm_last_error());
+  MP_REQUIRE(dcomm_new_group_named("d", dup, 2, &g) == DCOMM_EINVAL, "duplicate ranks");
+  MP_REQUIRE(strstr(dcomm_last_error(), "twice") && strstr(dcomm_last_error(), "\"d\""), "message: %s",
+             dcomm_last_error());
+  MP_REQUIRE(dcomm_new_group_named("d", out, 2, &g) == DCOMM_EINVAL, "rank out of range");
+  MP_REQUIRE(dcomm_new_group_named("d", ok, 0, &g) == DCOMM_EINVAL, "empty group");
+  MP_REQUIRE(dcomm_new_group_named("d", NULL, 2, &g) == DCOMM_EINVAL, "NULL ranks");
+  MP_REQUIRE(dcomm_new_group_named("d", ok, 2, NULL) == DCOMM_EINVAL, "NULL handle");
+  MP_OK(dcomm_barrier(NULL));
+  return 0;
+}
+
+START_TEST(test_badnamed) { ck_assert_int_eq(mp_run(2, body_badnamed, NULL, 60), 0); }
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("groups");
   TCase *tc = tcase_create("groups");
@@ -126,6 +229,8 @@ int main(void) {
   tcase_add_test(tc, test_overlap);
   tcase_add_test(tc, test_split);
   tcase_add_test(tc, test_badgroups);
+  tcase_add_test(tc, test_named);
+  tcase_add_test(tc, test_badnamed);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -4,9 +4,9 @@
  * gating of ncclCommSplit / ncclCommShrink / ncclCommRevoke (build and run
  * time), the argument checks and fall-back answers of the comm_shrink and
  * comm_split ops, the
- * optional-op lookup of the backend table, and the message for two ranks
- * of one communicator on one GPU (ncclInvalidUsage), and what post
- * refuses up front (bitwise ops, a bad all_to_allv). Built only when
+ * optional-op lookup of the backend table (no probe op), the message for
+ * two ranks of one communicator on one GPU (ncclInvalidUsage), and what
+ * post refuses up front (bitwise ops, a bad all_to_allv). Built only when
  * configure found NCCL; nothing here needs a CUDA device.
  */
 #include "config.h"
@@ -181,6 +181,8 @@ START_TEST(test_shrink_op) {
   int (*shrink)(void *, const int *, int, const struct dcomm_comm_spec *, void **) = DCOMM_BACKEND_OP(be, comm_shrink);
   ck_assert_ptr_nonnull(shrink);
   ck_assert_ptr_nonnull(DCOMM_BACKEND_OP(be, comm_set_stream));
+  /* No point-to-point probe: dcomm_probe / dcomm_recv_any say ENOTSUP. */
+  ck_assert_ptr_null(DCOMM_BACKEND_OP(be, probe));
   void *out = (void *)&out;
   int ex3 = 3, ex1 = 1;
   struct dcomm_comm_spec spec = {.comm_id = 7, .rank = 1, .size = 3, .deadline = t_now() + 5, .label = "world"};

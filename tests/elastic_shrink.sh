@@ -8,9 +8,11 @@
 # is covered) and the parity all_reduce (its sum equals the shares of the
 # members the group says it has) at every step, and the final loss must
 # equal the failure-free run's. A plan with a joiner (replace policy) takes
-# the full rebuild; DCOMM_ELASTIC_SHRINK=0 never tries; a shrink that fails
-# (DCOMM_TCP_SHRINK=0: not supported; fail:group: a sub-group fails after
-# the world shrank) falls back to the rebuild on every survivor.
+# the full rebuild; DCOMM_ELASTIC_SHRINK=0 never tries; parity groups made
+# with dcomm_new_group_named (--named-parity) shrink and rebuild the same;
+# a shrink that fails (DCOMM_TCP_SHRINK=0: not supported; fail:group: a
+# sub-group fails after the world shrank) falls back to the rebuild on
+# every survivor.
 set -u
 b=${top_builddir:-.}
 run=$b/dcomm-run
@@ -77,6 +79,22 @@ sgd -- -- --kill-rank 2 --kill-at-step 23 --kill-in-recovery 2
 expect 3 'generation 1: rank .* shrunk in place'
 expect 2 'generation 2: rank .* shrunk in place'
 [ -z "$why" ]; result $? "a second kill right after the first shrink: the shrunk world shrinks again" "$why"
+
+# Parity groups made by their members alone (dcomm_new_group_named):
+# shrunk in place, or rebuilt, among their members only.
+world=3 gen=1
+sgd -- -- --kill-rank 2 --kill-at-step 23 --named-parity 1
+expect 3 'generation 1: rank .* shrunk in place'
+expect 1 'shrunk group "even": 1 members \(1 lost\), my rank 0'
+expect 2 'rebuilt group "odd": 2 members \(0 lost\)'
+[ -z "$why" ]; result $? "named parity groups (created on their members only) shrink in place" "$why"
+
+world=3 gen=1
+sgd DCOMM_ELASTIC_SHRINK=0 -- -- --kill-rank 1 --kill-at-step 23 --named-parity 1
+expect 3 'generation 1: rank .* rebuilt in'
+expect 1 'rebuilt group "odd": 1 members, my rank 0'
+expect 2 'rebuilt group "even": 2 members, my rank [01]'
+[ -z "$why" ]; result $? "named parity groups are rebuilt among their surviving members" "$why"
 
 world=4 gen=1
 sgd -- --restart-policy replace -- --kill-rank 3 --kill-at-step 23

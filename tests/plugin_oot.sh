@@ -6,6 +6,7 @@
 # `pkg-config --cflags --libs dcomm`, then checks that:
 #   - DCOMM_BACKEND=selfloop runs the program's collectives in the module
 #     (its log lines, under its own subsystem "selfloop");
+#   - dcomm_probe on it, which has no probe op, says DCOMM_ENOTSUP;
 #   - dcomm-info -e lists the parameter the module declares;
 #   - a module with only the mandatory part of the table loads;
 #   - a table shorter than that is refused, naming the file.
@@ -65,6 +66,10 @@ int main(void) {
   int rc = dcomm_all_reduce(x, 4, DCOMM_FLOAT32, DCOMM_SUM, NULL);
   if (rc == 0) rc = dcomm_barrier(NULL);
   printf("backend=%s rc=%d x=%g,%g,%g,%g\n", dcomm_backend_name(), rc, x[0], x[1], x[2], x[3]);
+  int src;
+  size_t nb;
+  int pr = dcomm_probe(DCOMM_ANY_SOURCE, 0, NULL, 0, &src, &nb);
+  printf("probe=%s (%s)\n", dcomm_error_name(pr), dcomm_last_error());
   dcomm_finalize();
   return rc != 0;
 }
@@ -89,6 +94,11 @@ for m in full short; do
     result 0 "DCOMM_BACKEND=selfloop ($m table) runs the collectives in the module, logging as 'selfloop'"
   else
     result 1 "DCOMM_BACKEND=selfloop ($m table) runs the collectives in the module"
+  fi
+  if grep -q "probe=DCOMM_ENOTSUP (.*the selfloop backend" "$T/out"; then
+    result 0 "dcomm_probe on a backend without the probe op ($m table): DCOMM_ENOTSUP naming it"
+  else
+    result 1 "dcomm_probe on a backend without the probe op ($m table): DCOMM_ENOTSUP naming it" "$(grep probe= "$T/out")"
   fi
 done
 run_prog "$T/mods/tooshort"

@@ -705,4 +705,5 @@ __attribute__((visibility("default"))) const struct dcomm_backend_v1 dcomm_backe
     .comm_split = dnccl_comm_split,
     .host_buffers = be_host_buffers,
     .params = dnccl_params,
+    .probe = NULL, /* no point-to-point probe: dcomm_probe says DCOMM_ENOTSUP */
 };

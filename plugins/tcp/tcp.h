@@ -72,6 +72,8 @@ struct tcp_peer {
   size_t hgot;        /* bytes of hdr read so far */
   int have_hdr;       /* hdr complete and not yet consumed */
   struct tcp_uq *uq_head, *uq_tail;
+  struct tcp_uq *rx_uq; /* unexpected message whose payload is still arriving */
+  size_t rx_got;        /* its payload bytes read so far */
   /* Shared-memory link: frames go through its rings, the socket carries
    * only ABORT/WAKE frames and the end of file (closed) of a dead peer. */
   struct tcp_shm *shm;
@@ -133,6 +135,7 @@ struct tcp_comm {
   void *cma_stage;     /* chunk-sized buffer for reducing single-copy reads */
   char *recv_mark;     /* size entries: peers with a pending receive (engine) */
   int nshm;            /* links in shared memory */
+  uint64_t uq_serial;  /* unexpected messages completed so far (arrival order) */
   size_t tmp_cap;
   /* request queue (tcp_backend.c) */
   pthread_mutex_t qlock;
@@ -180,11 +183,15 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
 /* Breaks the comm with err and msg (first error wins), tells the peers. */
 int tcp_fail(struct tcp_comm *c, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* An unexpected point-to-point message, queued on its peer until a recv
- * with its tag comes (at most MAX_UNEXPECTED bytes each). */
+ * with its tag comes (at most MAX_UNEXPECTED bytes each). Its payload is
+ * read as it arrives, never waited for (tcp_peer.rx_uq until complete):
+ * two ranks that send each other large messages both drain the other's
+ * while they wait for room. */
 struct tcp_uq {
   struct tcp_uq *next;
   struct tcp_hdr hdr;
   void *data;
+  uint64_t serial; /* arrival order among the comm's queued messages */
 };
 #define MAX_UNEXPECTED ((uint64_t)1 << 32)
 const char *tcp_coll_name(int c);
@@ -213,6 +220,11 @@ int tcp_p2p_send(struct tcp_comm *c, const struct dcomm_coll_args *a);
  * (a shared-memory link with that much room). */
 int tcp_sends_now(struct tcp_comm *c, int peer, size_t len, int fwd);
 int tcp_p2p_recv(struct tcp_comm *c, const struct dcomm_coll_args *a);
+/* Takes peer's oldest queued message with a's tag into buf: 1 taken, 0
+ * none queued, DCOMM_EMISMATCH (comm broken) if its size or dtype differ. */
+int tcp_uq_take(struct tcp_comm *c, int peer, const struct dcomm_coll_args *a, void *buf);
+/* The probe op: see dcomm_plugin.h (called with the comm idle). */
+int tcp_p2p_probe(struct tcp_comm *c, int peer, int tag, double deadline, int *src, size_t *nbytes);
 void tcp_peer_free_queue(struct tcp_peer *p);
 /* Clean goodbye on every link (BYE + shutdown + drain); then close. */
 void tcp_close_links(struct tcp_comm *c);

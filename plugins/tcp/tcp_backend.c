@@ -5,7 +5,7 @@
  * operations progress without a waiter. comm_abort may be called from any
  * thread: it records the reason and wakes the running operation through an
  * eventfd. A blocking call with nothing queued runs at once (run), with
- * no request allocated.
+ * no request allocated; so does probe.
  */
 #include "config.h"
 #include "tcp.h"
@@ -289,6 +289,25 @@ static int tcp_run(void *vc, const struct dcomm_coll_args *a) {
   return rc;
 }
 
+/* The probe op, on the caller's thread like run: ops queued or running
+ * before it (none from the core's blocking calls) finish first. */
+static int tcp_probe(void *vc, int peer, int tag, double deadline, int *src, size_t *nbytes) {
+  struct tcp_comm *c = vc;
+  pthread_mutex_lock(&c->qlock);
+  while (c->qhead || c->executing) {
+    if (c->qhead && !c->executing && !c->worker_started) run_head(c);
+    else pthread_cond_wait(&c->qcond, &c->qlock);
+  }
+  c->executing = 1;
+  pthread_mutex_unlock(&c->qlock);
+  int rc = tcp_p2p_probe(c, peer, tag, deadline, src, nbytes);
+  pthread_mutex_lock(&c->qlock);
+  c->executing = 0;
+  pthread_cond_broadcast(&c->qcond);
+  pthread_mutex_unlock(&c->qlock);
+  return rc;
+}
+
 static int tcp_test(void *vr, int *done) {
   struct tcp_req *r = vr;
   struct tcp_comm *c = r->comm;
@@ -353,4 +372,5 @@ const struct dcomm_backend_v1 dcomm__backend_tcp = {
     .comm_shrink = tcp_comm_shrink,
     .run = tcp_run,
     .params = tcp_params,
+    .probe = tcp_probe,
 };

@@ -131,38 +131,6 @@ int tcp_shm_drain(struct tcp_comm *c, int peer) {
   return 0;
 }
 
-/* Sleeps until the socket of a shm link is readable (a wake-up, an abort,
- * its end), the comm is aborted, or the deadline. */
-static int shm_sleep(struct tcp_comm *c, int peer, double deadline) {
-  struct tcp_peer *p = &c->peers[peer];
-  struct pollfd pf[2] = {{.fd = c->abort_fd, .events = POLLIN}, {.fd = p->fd, .events = POLLIN}};
-  double left = deadline - c->ctx->host->now();
-  if (left <= 0) return tcp_fail(c, DCOMM_ETIMEDOUT, "tcp %s: timed out reading from rank %d", c->label, peer);
-  poll(pf, p->closed ? 1 : 2, (int)(left * 1000) + 1);
-  if (pf[0].revents & POLLIN) return tcp_fail(c, DCOMM_EREVOKED, "tcp %s: communicator aborted", c->label);
-  return tcp_shm_drain(c, peer);
-}
-
-/* read_sock_full for the ring of a shared-memory link. */
-static int read_ring_full(struct tcp_comm *c, int peer, void *buf, size_t len, double deadline) {
-  struct tcp_peer *p = &c->peers[peer];
-  size_t got = 0;
-  while (got < len) {
-    size_t n = tcp_shm_get(p->shm, (char *)buf + got, len - got);
-    got += n;
-    if (n || got == len) continue;
-    if (p->closed) return tcp_lost_msg(c, peer, " in the middle of a message");
-    if (tcp_shm_arm_rx(p->shm)) continue;
-    TCP_CHECK(shm_sleep(c, peer, deadline));
-  }
-  return 0;
-}
-
-static int read_full(struct tcp_comm *c, int peer, void *buf, size_t len, double deadline) {
-  if (c->peers[peer].shm) return read_ring_full(c, peer, buf, len, deadline);
-  return read_sock_full(c, peer, buf, len, deadline);
-}
-
 /* read_hdr for a shared-memory link: the ring, then the closed socket. */
 static int read_ring_hdr(struct tcp_comm *c, int peer) {
   struct tcp_peer *p = &c->peers[peer];
@@ -179,10 +147,50 @@ static int read_ring_hdr(struct tcp_comm *c, int peer) {
   return p->closed ? tcp_lost_msg(c, peer, "") : 0;
 }
 
-/* Reads what is missing of the peer's next header. 1: complete, 0: would
- * block, <0: error (EOF included). */
+/* Reads what has arrived of the payload of peer's unexpected message in
+ * progress (p->rx_uq), without waiting: 1 complete (queued), 0 not yet,
+ * < 0 the link broke. */
+static int fill_uq(struct tcp_comm *c, int peer) {
+  struct tcp_peer *p = &c->peers[peer];
+  struct tcp_uq *q = p->rx_uq;
+  while (p->rx_got < q->hdr.len) {
+    char *dst = (char *)q->data + p->rx_got;
+    size_t want = q->hdr.len - p->rx_got;
+    if (p->shm) {
+      size_t n = tcp_shm_get(p->shm, dst, want);
+      if (n) {
+        p->rx_got += n;
+        continue;
+      }
+      return p->closed ? tcp_lost_msg(c, peer, " in the middle of a message") : 0;
+    }
+    ssize_t n = recv(p->fd, dst, want, MSG_DONTWAIT);
+    if (n > 0) {
+      p->rx_got += (size_t)n;
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+    p->closed = 1;
+    return tcp_lost_msg(c, peer, " in the middle of a message");
+  }
+  q->serial = ++c->uq_serial;
+  if (p->uq_tail) p->uq_tail->next = q;
+  else p->uq_head = q;
+  p->uq_tail = q;
+  p->rx_uq = NULL;
+  p->rx_got = 0;
+  return 1;
+}
+
+/* Reads what is missing of the peer's next header (after the rest of an
+ * unexpected message in progress). 1: complete, 0: would block, <0:
+ * error (EOF included). */
 int tcp_read_hdr(struct tcp_comm *c, int peer) {
   struct tcp_peer *p = &c->peers[peer];
+  if (p->rx_uq) {
+    int rc = fill_uq(c, peer);
+    if (rc <= 0) return rc;
+  }
   if (p->shm) return read_ring_hdr(c, peer);
   while (!p->have_hdr) {
     ssize_t n = recv(p->fd, (char *)&p->hdr + p->hgot, sizeof(p->hdr) - p->hgot, MSG_DONTWAIT);
@@ -205,8 +213,10 @@ int tcp_read_hdr(struct tcp_comm *c, int peer) {
 
 /* Handles a complete header that is not the data the caller waits for:
  * ABORT breaks the comm with the sender's error, BYE marks the peer gone,
- * P2P is queued. Returns 1 if consumed, 0 if it is data to keep, <0 error. */
+ * P2P is queued (its payload read as it arrives). Returns 1 if consumed,
+ * 0 if it is data to keep, <0 error. */
 int tcp_take_control(struct tcp_comm *c, int peer, double deadline) {
+  (void)deadline;
   struct tcp_peer *p = &c->peers[peer];
   struct tcp_hdr *h = &p->hdr;
   if (h->type == TCP_F_ABORT) {
@@ -239,16 +249,13 @@ int tcp_take_control(struct tcp_comm *c, int peer, double deadline) {
     q->hdr = *h;
     p->have_hdr = 0;
     p->hgot = 0;
-    int rc = read_full(c, peer, q->data, h->len, deadline);
-    if (rc < 0) {
-      free(q->data);
-      free(q);
-      return rc;
-    }
-    if (p->uq_tail) p->uq_tail->next = q;
-    else p->uq_head = q;
-    p->uq_tail = q;
-    return 1;
+    /* Read as it comes (tcp_read_hdr continues it): waiting here for the
+     * whole payload would deadlock two ranks that send each other
+     * messages larger than what the link buffers. */
+    p->rx_uq = q;
+    p->rx_got = 0;
+    int rc = fill_uq(c, peer);
+    return rc < 0 ? rc : 1;
   }
   if (h->type == TCP_F_DATA) return 0;
   return tcp_fail(c, DCOMM_EPROTO, "tcp %s: unknown frame type %d from rank %d", c->label, h->type, peer);
