@@ -10,7 +10,8 @@
 # check the smaller world, and the shrink is timed against abort + re-init;
 # and tests/gpu/gpu_elastic.c under dcomm-run: the same failure through
 # dcomm_elastic_run (shrink in place, checkpoint restored through the store);
-# last, dcomm-bench all_reduce on device buffers, one worker per GPU.
+# then dcomm-bench all_reduce on device buffers, one worker per GPU; last,
+# tests/gpu/gpu_torch.py: the torch backend on CUDA tensors (when torch has CUDA).
 # Everything runs under `timeout` within GPU_CHECK_BUDGET seconds (default
 # 300). The last line is
 #   GPU checks: N passed, M failed
@@ -265,5 +266,19 @@ rc=$?
 sed 's/^/  /' "$LOGDIR/bench.log" | grep -v 'dcomm-run:'
 if [ "$rc" -eq 0 ] && grep -q '^# wrong elements: 0$' "$LOGDIR/bench.log"; then ok "dcomm-bench all_reduce on $NB GPU(s), 8 B to 256 MiB, no wrong element"
 else bad "dcomm-bench on $NB GPU(s): exit $rc (see $LOGDIR/bench.log)"; fi
+
+# 9. The torch backend on CUDA tensors (needs a CUDA build of torch), one
+# worker per GPU under dcomm-run.
+PY=${PYTHON:-python3}
+if "$PY" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+  DCOMM_BACKEND=nccl DCOMM_LIBRARY=$ROOT/.libs/libdcomm.so.0 PYTHONPATH=$ROOT/python \
+    timeout "$(left 120)" ./dcomm-run --quiet-prefix --nproc-per-node "$NB" -- "$PY" tests/gpu/gpu_torch.py \
+    >"$LOGDIR/torch.log" 2>&1
+  rc=$?
+  grep -E '^(ok|FAIL) ' "$LOGDIR/torch.log" | sort | uniq -c | sed 's/^/  /'
+  tally "$LOGDIR/torch.log" "torch backend on $NB GPU(s)" "$rc"
+else
+  echo "skip: $PY has no CUDA-enabled torch (the torch backend's GPU checks need one)"
+fi
 
 finish

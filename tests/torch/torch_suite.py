@@ -20,8 +20,14 @@ sys.path.insert(0, os.path.join(HERE, "stubs"))  # expecttest
 os.environ.setdefault("BACKEND", "dcomm")
 os.environ.setdefault("WORLD_SIZE", "2")
 os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="dcomm-torch-suite-"))
-# DDP's ReplicatedTensor mode imports torch.distributed._shard, which fails on Python 3.11 (gloo too).
+# The harness turns on DDP's ReplicatedTensor mode in every rank; it imports
+# torch.distributed._shard, which torch 1.13 cannot import on Python 3.11
+# (a dataclass with a mutable default): every DDP case then fails, with gloo
+# too. Keep the mode off, as NO_REPLICATED_TENSOR_DDP does in newer torch.
 os.environ.setdefault("NO_REPLICATED_TENSOR_DDP", "1")
+import torch.nn.parallel._replicated_tensor_ddp_utils as _rt  # noqa: E402
+
+_rt._set_ddp_with_replicated_tensor = lambda value: None
 
 import dcomm.torch  # noqa: E402,F401  registers "dcomm" in every spawned process (they import this file)
 from torch.testing._internal.common_distributed import DistTestCases  # noqa: E402
