@@ -464,6 +464,10 @@ void run_rdzv_close(struct run_rdzv *r, enum run_leave how) {
   /* A fenced agent leaves etcd alone: its lease is gone or going, and etcd
    * may be out of reach (the calls would wait out their timeouts). */
   int lost = run_rdzv_lost(r, NULL, 0);
+  /* A node whose members were never admitted (a spare above --nnodes MAX)
+   * also ends with the job. */
+  char dbuf[8];
+  int job_done = !lost && r->wst && dcomm__store_peek(r->wst, DCOMM_KEY_DONE, dbuf, sizeof(dbuf)) == 1;
   if (r->kc && r->slot > 0 && how == RUN_LEAVE_FINISHED && !lost) {
     /* Leaving cleanly: the others must not take it for a failure. */
     char key[400];
@@ -473,7 +477,7 @@ void run_rdzv_close(struct run_rdzv *r, enum run_leave how) {
   if (r->lc && r->lease && !lost) dcomm__etcd_lease_revoke(r->lc, r->lease);
   /* The last node of a job that finished removes the job's keys (its token
    * among them); with another node still registered, that one will. */
-  if (r->kc && r->slot > 0 && how == RUN_LEAVE_FINISHED && !lost &&
+  if (r->kc && r->slot > 0 && (how == RUN_LEAVE_FINISHED || job_done) && !lost &&
       clear_stale(r, "removed the keys of job '%s' from etcd (the job finished)") < 0)
     run_log("warning: cannot remove the finished job's keys from etcd: %s", dcomm_last_error());
   if (r->wst) dcomm__store_close(r->wst);
