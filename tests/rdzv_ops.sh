@@ -163,7 +163,7 @@ after=$(keys_of jobK)
 status --rdzv-id jobK >"$work/3s.out" 2>"$work/3s.err"; r3=$?
 if [ "$before" -gt 0 ] && [ $r1 = 1 ] && grep -q "still has 1 live node" "$work/3c1.err" && [ $r2 = 0 ] &&
   grep -qE "removed [0-9]+ keys of job 'jobK'" "$work/3c2.out" && [ "$after" = 0 ] && [ $r3 = 1 ] && grep -q "no job 'jobK'" "$work/3s.err"; then
-  ok "clean: refused while the dead node's lease lives, then removes the keys ( before the lease ended); status then finds no job"
+  ok "clean: refused while the dead node's lease lives, then removes the keys ($before before the lease ended); status then finds no job"
 else
   notok "clean (before $before after $after, exits $r1 $r2 $r3)" "$work/3c1.err" "$work/3c2.out" "$work/3c2.err" "$work/3s.err"
 fi
