@@ -652,7 +652,8 @@ static int world_nodes(struct dcomm_store *s, long gen, char *world_slots, int *
     free(val);
     return -1;
   }
-  int64_t n = get_long(s, (snprintf(key, sizeof(key), DCOMM_KEY_JOIN_N_FMT, gen), key), 0);
+  snprintf(key, sizeof(key), DCOMM_KEY_JOIN_N_FMT, gen);
+  int64_t n = get_long(s, key, 0);
   for (int64_t t = 1; t <= n; t++) {
     struct joiner j;
     if (!read_ticket(s, gen, t, 0.001, &j) || j.slot <= 0 || j.slot >= DCOMM_MAX_SLOTS) continue;
