@@ -6,7 +6,8 @@
  * sets its record (checkpoint_file.h) under ckpt/commit/<hash of the directory>
  * in the job's store with a guarded write (in elastic mode: elastic/gen
  * still holds this generation and it is not revoked), then adds the record
- * to the directory's COMMITTED list. A fenced rank 0 (its generation ended
+ * to the directory's COMMITTED list; the same write sets ckpt/last (step,
+ * generation, file), which dcomm-run status shows. A fenced rank 0 (its generation ended
  * while it was frozen or cut off) fails the guarded write, so its file is
  * never restored. Restore reads the store's record and the directory's
  * list, never "the newest file".
@@ -54,9 +55,14 @@ static int store_commit(const char *dir, const struct dcomm_ckpt_rec *rec) {
     cmps[nc++] = (struct dcomm_store_cmp){DCOMM_KEY_GEN, DCOMM_STORE_EQUAL, g, (size_t)gl + 1};
     cmps[nc++] = (struct dcomm_store_cmp){rkey, DCOMM_STORE_ABSENT, NULL, 0};
   }
-  struct dcomm_store_put put = {key, text, (size_t)tl + 1};
+  /* ckpt/last, for dcomm-run status, in the same guarded write: a fenced
+   * rank 0 can no more advertise its checkpoint than commit it. */
+  char last[DCOMM_CKPT_REC_TEXT];
+  int ll = snprintf(last, sizeof(last), DCOMM_CKPT_LAST_FMT, (unsigned long long)rec->step,
+                    (long long)rec->generation, rec->name);
+  struct dcomm_store_put puts[2] = {{key, text, (size_t)tl + 1}, {DCOMM_KEY_CKPT_LAST, last, (size_t)ll + 1}};
   int done = 0;
-  DCOMM_CHECK(dcomm__store_txn(w->jstore, cmps, nc, &put, 1, &done));
+  DCOMM_CHECK(dcomm__store_txn(w->jstore, cmps, nc, puts, 2, &done));
   if (!done)
     return dcomm__err(DCOMM_EREVOKED, "fenced: generation %ld is over (revoked, or the job moved on while this "
                       "process was frozen or cut off), so %s/%s is not committed and will never be restored",

@@ -14,10 +14,14 @@
  *   elastic/plan/<g>         the plan of round g: "<n>\n" then n member ids, or "0\n" (abandoned)
  *   rdzv/agents/n            node slots taken (a counter)
  *   rdzv/agent/<slot>        the node record of a launcher (DCOMM_NODE_RECORD_FMT)
- *   rdzv/left/<slot>         the node left cleanly (etcd backend)
+ *   rdzv/workers/<slot>      a launcher's workers, one line each: DCOMM_WORKER_LINE_FMT
+ *   rdzv/left/<slot>         the node left (etcd backend): "1" when it finished,
+ *                            else why it left ("stopped by SIGTERM")
  *   rdzv/nnodes              "min max" node range (etcd backend)
  *   rdzv/token               the job's token (etcd backend)
  *   ckpt/commit/<hash>       a checkpoint directory's commit record
+ *   ckpt/last                the job's last committed checkpoint: DCOMM_CKPT_LAST_FMT
+ *                            (written in the same guarded write as the record)
  */
 #ifndef DCOMM_ELASTIC_KEYS_H
 #define DCOMM_ELASTIC_KEYS_H
@@ -38,6 +42,12 @@ struct dcomm_store;
 #define DCOMM_KEY_AGENT_PREFIX "rdzv/agent/"
 #define DCOMM_KEY_AGENT_FMT "rdzv/agent/%ld"
 #define DCOMM_KEY_LEFT_FMT "rdzv/left/%ld"
+#define DCOMM_KEY_WORKERS_FMT "rdzv/workers/%ld"
+#define DCOMM_KEY_CKPT_LAST "ckpt/last"
+/* ckpt/last: step, generation, file name. */
+#define DCOMM_CKPT_LAST_FMT "%llu %lld %s"
+/* A line of rdzv/workers/<slot>: launch rank, local rank, pid, member id. */
+#define DCOMM_WORKER_LINE_FMT "%d %d %ld %s\n"
 #define DCOMM_KEY_NNODES "rdzv/nnodes"
 #define DCOMM_KEY_TOKEN "rdzv/token"
 #define DCOMM_KEY_CKPT_FMT "ckpt/commit/%016llx"

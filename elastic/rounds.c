@@ -254,6 +254,51 @@ static int quorum_reached(struct dcomm_store *s, long gen, int64_t n, const stru
   return min > 0 ? *have >= min : 2 * *have > *of;
 }
 
+/* The live workers of the launchers' records (l) without a ticket in
+ * round gen: "member <id> (node slot S, host H, pid P), ..." in buf, from
+ * the launchers' worker lists (rdzv/workers/<slot>); empty when every one
+ * joined or nothing tells. */
+static void missing_members(struct dcomm_store *s, const struct launchers *l, long gen, int64_t n, char *buf,
+                            size_t cap) {
+  size_t off = 0;
+  buf[0] = 0;
+  long *have = calloc((size_t)n + 1, sizeof(*have));
+  int *have_slot = calloc((size_t)n + 1, sizeof(*have_slot));
+  int64_t nh = 0;
+  for (int64_t t = 1; t <= n && have && have_slot; t++) {
+    struct joiner j;
+    if (read_ticket(s, gen, t, 0.001, &j)) {
+      have[nh] = j.pid;
+      have_slot[nh++] = j.slot;
+    }
+  }
+  char key[64], rec[DCOMM_NODE_RECORD_MAX], host[128], list[4096];
+  for (int slot = 1; slot < DCOMM_MAX_SLOTS && have && have_slot; slot++) {
+    if (!l->live_slot[slot]) continue;
+    snprintf(key, sizeof(key), DCOMM_KEY_AGENT_FMT, (long)slot);
+    host[0] = 0;
+    if (dcomm__store_peek(s, key, rec, sizeof(rec)) == 1) sscanf(rec, "%*d %*d %127s", host);
+    snprintf(key, sizeof(key), DCOMM_KEY_WORKERS_FMT, (long)slot);
+    if (dcomm__store_peek(s, key, list, sizeof(list)) != 1) continue;
+    char *save = NULL;
+    for (char *line = strtok_r(list, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+      int rank = 0, lr = 0;
+      long pid = 0;
+      char id[40];
+      if (sscanf(line, "%d %d %ld %39s", &rank, &lr, &pid, id) != 4) continue;
+      if (l->pids[slot] && !dcomm__node_record_has_pid(l->pids[slot], pid)) continue; /* not running */
+      int joined = 0;
+      for (int64_t i = 0; i < nh && !joined; i++) joined = have[i] == pid && have_slot[i] == slot;
+      if (joined || off + 1 >= cap) continue;
+      int k = snprintf(buf + off, cap - off, "%smember %s (node slot %d, host %s, pid %ld)", off ? ", " : "", id,
+                       slot, *host ? host : "?", pid);
+      if (k > 0) off += (size_t)k < cap - off ? (size_t)k : cap - off - 1;
+    }
+  }
+  free(have);
+  free(have_slot);
+}
+
 /* A leader that gives up on its round publishes an empty plan ("0"): the
  * members waiting for it, and those that come later, move on to the next
  * round at once instead of waiting out the timeout there, and know that no
@@ -330,9 +375,12 @@ static int lead_round_with(struct dcomm_store *s, long gen, struct launchers *l)
       if (l->nodes > 0 && l->nodes < l->min_nodes)
         DCOMM_LOG(WARN, ELASTIC, "round %ld: %d node%s alive, fewer than the minimum %d, until the timeout", gen,
                   l->nodes, l->nodes == 1 ? "" : "s", l->min_nodes);
-      else
-        DCOMM_LOG(WARN, ELASTIC, "round %ld: only %lld of %ld members joined before the timeout", gen, (long long)n,
-                  l->workers);
+      else {
+        char missing[1024];
+        missing_members(s, l, gen, n, missing, sizeof(missing));
+        DCOMM_LOG(WARN, ELASTIC, "round %ld: only %lld of %ld members joined before the timeout%s%s", gen,
+                  (long long)n, l->workers, *missing ? "; missing: " : "", missing);
+      }
       abandon_round(s, gen);
       return 1;
     }
@@ -588,3 +636,78 @@ int dcomm__rounds_join(struct dcomm_world *w, long gen, int old_rank, int old_si
   return dcomm__err(DCOMM_ETIMEDOUT, "never admitted to a generation");
 }
 
+
+/* The node slots of generation gen's members (its plan and the tickets of
+ * its round): world_slots[slot] = 1; *nodes: how many. 0, or -1 when it
+ * cannot tell (no plan: a world not formed by rounds). */
+static int world_nodes(struct dcomm_store *s, long gen, char *world_slots, int *nodes) {
+  char key[64];
+  void *val = NULL;
+  size_t len = 0;
+  *nodes = 0;
+  snprintf(key, sizeof(key), DCOMM_KEY_PLAN_FMT, gen);
+  if (dcomm__store_get(s, key, 0.001, &val, &len) < 0) return -1;
+  char *plan = val;
+  if (!len || plan[len - 1]) {
+    free(val);
+    return -1;
+  }
+  snprintf(key, sizeof(key), DCOMM_KEY_JOIN_N_FMT, gen);
+  int64_t n = get_long(s, key, 0);
+  for (int64_t t = 1; t <= n; t++) {
+    struct joiner j;
+    if (!read_ticket(s, gen, t, 0.001, &j) || j.slot <= 0 || j.slot >= DCOMM_MAX_SLOTS) continue;
+    /* a member of the plan? ids are whole lines */
+    size_t il = strlen(j.id);
+    int in = 0;
+    for (char *p = strstr(plan, j.id); p && !in; p = strstr(p + 1, j.id))
+      in = (p == plan || p[-1] == '\n') && p[il] == '\n';
+    if (in && !world_slots[j.slot]) {
+      world_slots[j.slot] = 1;
+      ++*nodes;
+    }
+  }
+  free(val);
+  return 0;
+}
+
+int dcomm__rounds_admissible(struct dcomm_store *s, long gen, int size, int64_t n) {
+  char buf[DCOMM_NODE_RECORD_MAX];
+  int min_nodes = 0, max_nodes = 0;
+  if (dcomm__store_peek(s, DCOMM_KEY_NNODES, buf, sizeof(buf)) != 1 || sscanf(buf, "%d %d", &min_nodes, &max_nodes) != 2 ||
+      max_nodes <= 0)
+    return 1; /* no node range (static backend, no launcher) */
+  /* The largest world: MAX nodes of the nodes' nproc. */
+  long nproc = 0, slots = get_long(s, DCOMM_KEY_AGENTS_N, 0);
+  char key[64];
+  if (slots >= DCOMM_MAX_SLOTS) slots = DCOMM_MAX_SLOTS - 1;
+  for (long i = 1; i <= slots; i++) {
+    long np = 0;
+    snprintf(key, sizeof(key), DCOMM_KEY_AGENT_FMT, i);
+    if (dcomm__store_peek(s, key, buf, sizeof(buf)) == 1 && sscanf(buf, "%*d %ld", &np) == 1 && np > nproc) nproc = np;
+  }
+  if (nproc > 0 && (long)size >= (long)max_nodes * nproc) {
+    DCOMM_LOG(DEBUG, ELASTIC, "members wait to join, but the world of %d is full (--nnodes max %d x %ld)", size,
+              max_nodes, nproc);
+    return 0;
+  }
+  /* Joiners on the world's own nodes (replacements) can come in; joiners
+   * of another node only while the world spans fewer than MAX nodes. */
+  static long cached_gen = -2;
+  static char slots_in[DCOMM_MAX_SLOTS];
+  static int nodes_in;
+  if (cached_gen != gen) {
+    memset(slots_in, 0, sizeof(slots_in));
+    if (world_nodes(s, gen, slots_in, &nodes_in) < 0) return 1;
+    cached_gen = gen;
+  }
+  if (nodes_in < max_nodes) return 1;
+  for (int64_t t = 1; t <= n; t++) {
+    struct joiner j;
+    if (!read_ticket(s, gen + 1, t, 0.001, &j)) continue;
+    if (j.slot > 0 && j.slot < DCOMM_MAX_SLOTS && slots_in[j.slot]) return 1;
+  }
+  DCOMM_LOG(DEBUG, ELASTIC, "members of a spare node wait to join; the world spans the maximum of %d nodes already",
+            max_nodes);
+  return 0;
+}

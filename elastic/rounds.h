@@ -5,6 +5,8 @@
 #ifndef DCOMM_ELASTIC_ROUNDS_H
 #define DCOMM_ELASTIC_ROUNDS_H
 
+#include <stdint.h>
+
 struct dcomm_world;
 
 /* Joins rounds from gen on (through w->jstore) until a plan includes this
@@ -14,5 +16,13 @@ struct dcomm_world;
  * plan is not NULL; *missed (may be NULL) says whether a generation was
  * formed without it on the way. */
 int dcomm__rounds_join(struct dcomm_world *w, long gen, int old_rank, int old_size, char (**plan)[40], int *missed);
+
+/* Rank 0 of generation gen (size members; n tickets taken in round
+ * gen + 1) asks whether the next round could admit any of those joiners:
+ * 0 when the world is already as large as --nnodes MAX x the nodes' nproc,
+ * or when every waiting joiner is on a node beyond the MAX nodes the world
+ * already spans (a spare node). 1 otherwise (also when it cannot tell). */
+struct dcomm_store;
+int dcomm__rounds_admissible(struct dcomm_store *s, long gen, int size, int64_t n);
 
 #endif

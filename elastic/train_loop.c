@@ -17,6 +17,7 @@
 #include "keys.h"
 #include "log.h"
 #include "param.h"
+#include "rounds.h"
 #include "sock.h"
 #include "store.h"
 #include "world.h"
@@ -34,6 +35,16 @@ static int restore(const dcomm_elastic_config_t *cfg, uint64_t *next) {
   rc = cfg->load ? cfg->load(data, len, step, cfg->user) : 0;
   free(data);
   *next = step + 1;
+  /* At the default level: which checkpoint a run goes on from is what an
+   * operator asks first; and a run that has nothing left to do says so. */
+  if (rc == 0 && dcomm_rank() == 0) {
+    DCOMM_LOG(WARN, ELASTIC, "restored the checkpoint of step %" PRIu64 " from %s: resuming at step %" PRIu64, step,
+              cfg->checkpoint_dir, step + 1);
+    if (step + 1 >= cfg->total_steps)
+      DCOMM_LOG(WARN, ELASTIC, "the restored checkpoint (step %" PRIu64 ") is at or past the %" PRIu64 " steps asked "
+                "for: no step is left to run (a checkpoint directory of an earlier, longer run?)", step,
+                cfg->total_steps);
+  }
   return rc;
 }
 
@@ -67,6 +78,9 @@ static int joiners_waiting(int *grow) {
     int64_t v = 0;
     snprintf(key, sizeof(key), DCOMM_KEY_JOIN_N_FMT, dcomm__w.generation + 1);
     if (dcomm__store_add(dcomm__w.jstore, key, 0, &v) == 0) n = (int32_t)v;
+    /* Spare nodes above --nnodes MAX wait for a place: a generation is
+     * never ended for joiners the next round could not admit. */
+    if (n > 0 && !dcomm__rounds_admissible(dcomm__w.jstore, dcomm__w.generation, dcomm__w.size, (int64_t)n)) n = 0;
   }
   DCOMM_CHECK(dcomm__control_bcast(&n, sizeof(n), "joiner check"));
   *grow = n > 0;
@@ -98,7 +112,7 @@ int dcomm_elastic_run(const dcomm_elastic_config_t *cfg) {
       return 0;
     }
     if (grow) {
-      dcomm__err(0, "admitting members that wait to join");
+      dcomm__err(0, "scale-up: admitting members that wait to join");
     } else if (!dcomm_elastic_recoverable(rc) || !dcomm__w.elastic || recoveries >= max_rec) {
       return rc;
     }

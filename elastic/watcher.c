@@ -26,7 +26,9 @@
 static void abort_generation(struct dcomm_world *w, long gen, const char *why) {
   pthread_mutex_lock(&w->lock);
   if (w->generation == gen && w->initialized) {
-    DCOMM_LOG(WARN, ELASTIC, "generation %ld revoked (%s): aborting its communicators", gen, why);
+    if (strstr(why, "scale-up: ")) /* not a failure: members wait to join (train_loop.c) */
+      DCOMM_LOG(INFO, ELASTIC, "scale-up: generation %ld ends to admit members that wait to join", gen);
+    else DCOMM_LOG(WARN, ELASTIC, "generation %ld revoked (%s): aborting its communicators", gen, why);
     dcomm__world_abort_locked(w);
   }
   pthread_mutex_unlock(&w->lock);

@@ -41,6 +41,7 @@ struct state {
 
 struct app {
   struct state st;
+  long steps; /* --steps */
   dcomm_group_t parity; /* even / odd world ranks of generation 0 */
   int has_parity;       /* a member that joined later has no such group */
   int named_parity;     /* made with dcomm_new_group_named on its members */
@@ -161,6 +162,9 @@ static int load_fn(const void *data, size_t len, uint64_t step, void *user) {
   }
   if (len != sizeof(a->st)) return DCOMM_EINVAL;
   memcpy(&a->st, data, len);
+  if (dcomm_rank() == 0 && step + 1 >= (uint64_t)a->steps)
+    fprintf(stderr, "elastic_sgd: warning: the checkpoint restored from the directory is of step %llu, at or past the "
+            "%ld steps asked for (--steps): nothing is left to run\n", (unsigned long long)step, a->steps);
   return 0;
 }
 
@@ -171,9 +175,10 @@ static void changed(const struct dcomm_membership_change *c, void *user) {
     raise(SIGKILL);
   }
   if (dcomm_rank() == 0)
-    printf("recovered: world %d -> %d, generation %ld, in %.3f s, resuming at step %llu (%s)\n", c->old_world_size,
-           c->new_world_size, c->generation, c->recovery_seconds, (unsigned long long)c->resume_step,
-           dcomm_error_name(c->error));
+    printf("%s: world %d -> %d, generation %ld, in %.3f s, resuming at step %llu (%s)\n",
+           c->error ? "recovered" : "scaled up", c->old_world_size, c->new_world_size, c->generation,
+           c->recovery_seconds, (unsigned long long)c->resume_step,
+           c->error ? dcomm_error_name(c->error) : "members joined at a checkpoint");
   fflush(stdout);
 }
 
@@ -238,6 +243,7 @@ int main(int argc, char **argv) {
     a.has_parity = 1;
   }
   dcomm_elastic_config_t cfg = DCOMM_ELASTIC_CONFIG_INIT;
+  a.steps = steps;
   cfg.total_steps = (uint64_t)steps;
   cfg.checkpoint_every = (uint64_t)a.every;
   cfg.checkpoint_dir = dir;

@@ -16,7 +16,10 @@
  *   rdzv/agents/n         node slots taken (this agent took one)
  *   rdzv/agent/<slot>     "live nproc host pid pids=P,...": its live workers
  *   elastic/revoke/<g>    death notice for generation g (read from elastic/gen)
- * and it reads elastic/hb/<member-id>, the workers' heartbeats (epoch seconds).
+ *   rdzv/workers/<slot>   a line per live worker: rank, local rank, pid, member id
+ * and it reads elastic/hb/<member-id>, the workers' heartbeats (their
+ * CLOCK_MONOTONIC). "dcomm-run status" and "dcomm-run clean" are
+ * run_status.c.
  *
  * One thread of control: a poll() loop over the output pipes and a signalfd
  * (SIGCHLD, SIGINT, SIGTERM, SIGHUP, blocked in every thread, the store
@@ -163,10 +166,32 @@ static void live_pids(const struct agent *a, char *buf, size_t n) {
   if (off >= n) buf[0] = 0; /* too many to list: no list, so nobody is judged by one cut short */
 }
 
+/* rdzv/workers/<slot>: a line per live worker (launch rank, local rank,
+ * pid, member id), which dcomm-run status and a round's leader (naming
+ * members that never joined) read. Written with the node record. */
+static void set_workers(struct agent *a) {
+  size_t cap = 64 + 80 * (a->nw + 1), off = 0;
+  char *v = malloc(cap), key[64];
+  if (!v) return;
+  v[0] = 0;
+  for (size_t i = 0; i < a->nw; i++)
+    if (a->w[i]->running)
+      off += (size_t)snprintf(v + off, cap - off, DCOMM_WORKER_LINE_FMT, a->w[i]->rank, a->w[i]->local_rank,
+                              (long)a->w[i]->pid, a->w[i]->member);
+  snprintf(key, sizeof(key), DCOMM_KEY_WORKERS_FMT, (long)a->slot);
+  if (a->rdzv) {
+    if (!run_rdzv_lost(a->rdzv, NULL, 0) && run_rdzv_put(a->rdzv, key, v) < 0) store_warn(a, "update of the worker list");
+  } else {
+    store_set_text(a, key, v);
+  }
+  free(v);
+}
+
 /* This node's record, which the rounds' leaders read. */
 static void set_alive(struct agent *a) {
   char pids[DCOMM_NODE_PIDS_TEXT];
   live_pids(a, pids, sizeof(pids));
+  set_workers(a);
   if (a->rdzv) {
     if (run_rdzv_update(a->rdzv, live_count(a), pids) < 0) store_warn(a, "update of the node record");
     return;
@@ -501,6 +526,13 @@ static void on_signal(struct agent *a, int sig) {
   a->sig = sig;
   int live = live_count(a);
   run_log("received %s; forwarding it to %d worker%s", signame(sig), live, live == 1 ? "" : "s");
+  /* An orderly stop (a pod deletion): the other nodes learn that this node
+   * leaves, and go on without it at once. */
+  if (a->rdzv && a->phase == PH_RUN && !run_rdzv_lost(a->rdzv, NULL, 0)) {
+    char why[64];
+    snprintf(why, sizeof(why), "stopped by %s", signame(sig));
+    run_rdzv_leave(a->rdzv, why);
+  }
   begin_teardown(a, PH_SIGNAL, SIGNAL_GRACE_S, sig);
 }
 
@@ -642,6 +674,8 @@ static int run_job(struct agent *a) {
 }
 
 int main(int argc, char **argv) {
+  if (argc > 1 && !strcmp(argv[1], "status")) return run_status_main(argc - 1, argv + 1);
+  if (argc > 1 && !strcmp(argv[1], "clean")) return run_clean_main(argc - 1, argv + 1);
   struct agent a;
   memset(&a, 0, sizeof(a));
   a.sfd = -1;
@@ -659,6 +693,13 @@ int main(int argc, char **argv) {
     return 1;
   }
   for (int i = 0; i < 16; i++) snprintf(a.token + 2 * i, 3, "%02x", r[i]);
+  /* The operator's own token (static backend), so that dcomm-run status can
+   * prove it too; etcd jobs agree on theirs in etcd. */
+  const char *own = dcomm__param_str(DCOMM_P_AUTH_TOKEN);
+  if (!a.o.etcd && own && *own) {
+    if (strlen(own) < sizeof(a.token)) snprintf(a.token, sizeof(a.token), "%s", own);
+    else run_log("warning: DCOMM_AUTH_TOKEN is longer than %zu characters; using a random token", sizeof(a.token) - 1);
+  }
 
   /* Blocked before the store server's threads exist, so they inherit it.
    * A stop signal ignored at start (nohup, a background job's SIGINT) stays
@@ -695,7 +736,7 @@ int main(int argc, char **argv) {
   free_workers(&a);
   free(a.w);
   store_stop(&a);
-  run_rdzv_close(a.rdzv, code == 0);
+  run_rdzv_close(a.rdzv, code == 0 ? RUN_LEAVE_FINISHED : a.phase == PH_SIGNAL ? RUN_LEAVE_STOPPED : RUN_LEAVE_FAILED);
   close(a.sfd);
   return code;
 }

@@ -121,8 +121,20 @@ double run_rdzv_fence_after(double ttl);
 /* Fences now if that time has passed; 1 when this node is out of the job.
  * Called by the keepalive thread and every tick of the main loop. */
 int run_rdzv_check_fence(struct run_rdzv *r);
-/* Stops the threads; clean: marks the node as left (not failed); revokes
- * the lease. NULL is fine. */
-void run_rdzv_close(struct run_rdzv *r, int clean);
+/* Puts key (under the job's namespace) = val, NUL included, under this
+ * node's lease. */
+int run_rdzv_put(struct run_rdzv *r, const char *key, const char *val);
+/* An orderly stop: marks the node as left (rdzv/left/<slot> = why) and
+ * revokes the current generation with that reason, before the workers go. */
+void run_rdzv_leave(struct run_rdzv *r, const char *why);
+enum run_leave { RUN_LEAVE_FAILED, RUN_LEAVE_FINISHED, RUN_LEAVE_STOPPED };
+/* Stops the threads; finished or stopped: marks the node as left (not
+ * failed); revokes the lease; finished, and no other node left: removes
+ * the job's keys from etcd. NULL is fine. */
+void run_rdzv_close(struct run_rdzv *r, enum run_leave how);
+
+/* ---- run_status.c: "dcomm-run status" and "dcomm-run clean" ---- */
+int run_status_main(int argc, char **argv);
+int run_clean_main(int argc, char **argv);
 
 #endif

@@ -164,20 +164,21 @@ static int slot_of(const struct run_rdzv *r, const char *key, size_t klen) {
 /* A node's record vanished: revoke the generation unless it left cleanly
  * or the job is over. */
 static void node_gone(struct run_rdzv *r, int slot) {
-  char key[64], buf[64];
+  char key[64], buf[64], notice[128];
   snprintf(key, sizeof(key), DCOMM_KEY_LEFT_FMT, (long)slot);
-  if (dcomm__store_peek(r->wst, key, buf, sizeof(buf)) == 1) return;
-  if (dcomm__store_peek(r->wst, DCOMM_KEY_DONE, buf, sizeof(buf)) == 1) return;
+  int left = dcomm__store_peek(r->wst, key, buf, sizeof(buf)) == 1;
+  if (left && !strcmp(buf, "1")) return; /* it finished */
+  if (dcomm__store_peek(r->wst, DCOMM_KEY_DONE, notice, sizeof(notice)) == 1) return;
   long gen = dcomm__store_peek_long(r->wst, DCOMM_KEY_GEN, -1);
   if (gen < 0) {
     run_log("node slot %d is gone before the first world formed", slot);
     return;
   }
-  char notice[128];
-  snprintf(notice, sizeof(notice), "node slot %d lost its etcd lease", slot);
+  if (left) snprintf(notice, sizeof(notice), "node slot %d left the job (%s)", slot, buf);
+  else snprintf(notice, sizeof(notice), "node slot %d lost its etcd lease", slot);
   if (dcomm__post_revoke(r->wst, gen, notice) < 0)
     run_log("warning: cannot post the revoke notice for node slot %d: %s", slot, dcomm_last_error());
-  else run_log("node slot %d lost its etcd lease; generation %ld revoked", slot, gen);
+  else run_log("%s; generation %ld revoked", notice, gen);
 }
 
 static int watch_event(const struct dcomm_etcd_event *ev, void *arg) {
@@ -230,7 +231,7 @@ static int etcd_opts_from_params(struct dcomm_etcd_opts *eo, double timeout) {
  * records and registration bumps it together with its record (register),
  * so an agent that registers meanwhile either shows up in the range or
  * makes the transaction fail: it is never wiped. */
-static int clear_stale(struct run_rdzv *r) {
+static int clear_stale(struct run_rdzv *r, const char *done_msg) {
   char prefix[400], nkey[400];
   agents_prefix(r, prefix, sizeof(prefix));
   snprintf(nkey, sizeof(nkey), "%s" DCOMM_KEY_AGENTS_N, r->ns);
@@ -248,7 +249,7 @@ static int clear_stale(struct run_rdzv *r) {
     int done = 0;
     DCOMM_CHECK(dcomm__etcd_delete_prefix_if(r->kc, r->ns, nkey, mod, &done));
     if (done) {
-      run_log("cleared the keys an earlier job with id '%s' left in etcd (no agent of it is alive)", r->o->job_id);
+      run_log(done_msg, r->o->job_id);
       return 0;
     }
   }
@@ -355,7 +356,7 @@ static int do_open(struct run_rdzv *r, struct dcomm_store **st, char token[33], 
   DCOMM_CHECK(dcomm__etcd_create(o->endpoints, &lo, &r->lc));
   lo.timeout = (double)ttl / 3.0;
   DCOMM_CHECK(dcomm__etcd_create(o->endpoints, &lo, &r->uc));
-  DCOMM_CHECK(clear_stale(r));
+  DCOMM_CHECK(clear_stale(r, "cleared the keys an earlier job with id '%s' left in etcd (no agent of it is alive)"));
   int64_t granted_at = mono_ns();
   DCOMM_CHECK(dcomm__etcd_lease_grant(r->kc, ttl, &r->lease, &r->ttl));
   if (r->ttl <= 0) r->ttl = ttl;
@@ -435,7 +436,24 @@ int run_rdzv_healthy(struct run_rdzv *r) {
   return __atomic_load_n(&r->healthy, __ATOMIC_ACQUIRE) && !run_rdzv_lost(r, NULL, 0);
 }
 
-void run_rdzv_close(struct run_rdzv *r, int clean) {
+int run_rdzv_put(struct run_rdzv *r, const char *key, const char *val) {
+  char k[600];
+  snprintf(k, sizeof(k), "%s%s", r->ns, key);
+  return dcomm__etcd_put(r->uc, k, val, strlen(val) + 1, r->lease, NULL);
+}
+
+void run_rdzv_leave(struct run_rdzv *r, const char *why) {
+  char key[400];
+  key_of(r, key, sizeof(key), DCOMM_KEY_LEFT_FMT, r->slot);
+  if (dcomm__etcd_put(r->uc, key, why, strlen(why) + 1, 0, NULL) < 0) return;
+  long gen = dcomm__store_peek_long(r->wst, DCOMM_KEY_GEN, -1);
+  char notice[128];
+  snprintf(notice, sizeof(notice), "node slot %d left the job (%s)", r->slot, why);
+  if (gen >= 0 && dcomm__post_revoke(r->wst, gen, notice) == 0)
+    run_log("this node leaves the job (%s); generation %ld revoked", why, gen);
+}
+
+void run_rdzv_close(struct run_rdzv *r, enum run_leave how) {
   if (!r) return;
   __atomic_store_n(&r->stop, 1, __ATOMIC_RELEASE);
   if (r->watch_running) {
@@ -446,13 +464,22 @@ void run_rdzv_close(struct run_rdzv *r, int clean) {
   /* A fenced agent leaves etcd alone: its lease is gone or going, and etcd
    * may be out of reach (the calls would wait out their timeouts). */
   int lost = run_rdzv_lost(r, NULL, 0);
-  if (r->kc && r->slot > 0 && clean && !lost) {
+  /* A node whose members were never admitted (a spare above --nnodes MAX)
+   * also ends with the job. */
+  char dbuf[8];
+  int job_done = !lost && r->wst && dcomm__store_peek(r->wst, DCOMM_KEY_DONE, dbuf, sizeof(dbuf)) == 1;
+  if (r->kc && r->slot > 0 && how == RUN_LEAVE_FINISHED && !lost) {
     /* Leaving cleanly: the others must not take it for a failure. */
     char key[400];
     key_of(r, key, sizeof(key), DCOMM_KEY_LEFT_FMT, r->slot);
     dcomm__etcd_put(r->kc, key, "1", 1, 0, NULL);
   }
   if (r->lc && r->lease && !lost) dcomm__etcd_lease_revoke(r->lc, r->lease);
+  /* The last node of a job that finished removes the job's keys (its token
+   * among them); with another node still registered, that one will. */
+  if (r->kc && r->slot > 0 && (how == RUN_LEAVE_FINISHED || job_done) && !lost &&
+      clear_stale(r, "removed the keys of job '%s' from etcd (the job finished)") < 0)
+    run_log("warning: cannot remove the finished job's keys from etcd: %s", dcomm_last_error());
   if (r->wst) dcomm__store_close(r->wst);
   dcomm__etcd_destroy(r->wc);
   dcomm__etcd_destroy(r->lc);

@@ -207,13 +207,14 @@ else
   echo "ok $n - # SKIP partition: needs network namespaces"
 fi
 
-# ---- 5: the same job id again after the job finished: a fresh job ----
+# ---- 5: the same job id again after the job finished (its keys removed): a fresh job ----
 n=$((n + 1)); ckdir=$work/c5
 start_node 1 jobA 1 "$ep" "$work/5a"; a=$node_pid
 wait $a; ra=$?
 f=$(final "$work/5a.out")
-if [ $ra = 0 ] && echo "$f" | grep -q "world=2 generation=1 " && grep -q "cleared the keys" "$work/5a.err"; then
-  ok "a finished job's id used again: its keys are cleared and a new job runs"
+if [ $ra = 0 ] && echo "$f" | grep -q "world=2 generation=1 " && ! grep -q "cleared the keys" "$work/5a.err" &&
+  grep -q "removed the keys of job 'jobA' from etcd (the job finished)" "$work/1a.err" "$work/1b.err"; then
+  ok "a finished job removed its keys (its last agent did); its id used again runs a new job"
 else
   notok "job id reuse (exit $ra; '$f')" "$work/5a.err"
 fi

@@ -145,4 +145,47 @@ run_job --bind-to socket --nproc-per-node 1 -- "$w"
 [ "$rc" = 2 ] && grep -q "expected core, none or auto" "$T/err" || why="${why:+$why; }--bind-to socket: exit $rc, no clear error"
 result "$([ -z "$why" ]; echo $?)" "--bind-to core binds each worker to its own processor; none and oversubscribed auto do not" "$why"
 
+# ---- 7: dcomm-run status of a static job (the agent's endpoint, job id and
+# token: DCOMM_AUTH_TOKEN given to the agent); a wrong token is refused ----
+why=
+sgd=$(cd "${top_builddir:-.}" && pwd)/examples/elastic_sgd
+if [ -x "$sgd" ]; then
+  port=$(free_port)
+  DCOMM_AUTH_TOKEN=opstok timeout -k 5 60 "$DCOMM_RUN" --nproc-per-node 2 --rdzv-endpoint 127.0.0.1:$port --rdzv-id st7 \
+    -- "$sgd" --steps 200 --checkpoint-every 5 --checkpoint-dir "$T/ck7" --sleep-ms 20 >"$T/out" 2>"$T/err" </dev/null &
+  bg_pid=$!
+  for _ in $(seq 100); do grep -q "step=20 " "$T/out" 2>/dev/null && break; sleep 0.1; done
+  timeout 20 "$DCOMM_RUN" status --rdzv-endpoint 127.0.0.1:$port --rdzv-id st7 --token opstok >"$T/st" 2>&1 || why="status failed"
+  DCOMM_AUTH_TOKEN=opstok timeout 20 "$DCOMM_RUN" status --rdzv-endpoint 127.0.0.1:$port --rdzv-id st7 --json >"$T/stj" 2>&1 ||
+    why="${why:+$why; }status --json failed"
+  timeout 20 "$DCOMM_RUN" status --rdzv-endpoint 127.0.0.1:$port --rdzv-id st7 --token wrong >"$T/stw" 2>&1 &&
+    why="${why:+$why; }a wrong token was accepted"
+  wait "$bg_pid"; rc=$?; bg_pid=
+  [ "$rc" = 0 ] || why="${why:+$why; }the job exited $rc"
+  grep -q "^job st7 (static 127.0.0.1:$port): generation 0, world size 2" "$T/st" || why="${why:+$why; }no generation/world line"
+  grep -qE "^last checkpoint: step [0-9]+ \(generation 0\), ckpt-" "$T/st" || why="${why:+$why; }no checkpoint line"
+  [ "$(grep -cE '^  rank [01] +pid [0-9]+ +member [0-9a-f-]{36}  heartbeat [0-9.]+ s ago' "$T/st")" = 2 ] ||
+    why="${why:+$why; }not 2 members with heartbeat ages"
+  if command -v jq >/dev/null; then
+    j=$(jq -r '[.generation, .world_size, (.nodes[0].members|length), (.checkpoint.step > 0)] | join(" ")' "$T/stj" 2>/dev/null)
+    [ "$j" = "0 2 2 true" ] || why="${why:+$why; }--json gave '$j'"
+  fi
+  grep -q "bad auth token" "$T/stw" || why="${why:+$why; }no clear error for a wrong token"
+  [ -n "$why" ] && cat "$T/st" "$T/stj" "$T/stw" >>"$T/err"
+  result "$([ -z "$why" ]; echo $?)" "status of a static job: generation, world, members with pids and heartbeat ages, last checkpoint; --json; a wrong token refused" "$why"
+
+  # ---- 8: the restored checkpoint is logged at the default level; a run
+  # asking for fewer steps than the checkpoint holds is warned about ----
+  why=
+  run_job --nproc-per-node 2 -- "$sgd" --steps 50 --checkpoint-every 5 --checkpoint-dir "$T/ck7"
+  [ "$rc" = 0 ] || why="exit status $rc"
+  grep -q "restored the checkpoint of step 199 from $T/ck7: resuming at step 200" "$T/err" || why="${why:+$why; }restore not logged"
+  grep -q "is at or past the 50 steps asked for" "$T/err" || why="${why:+$why; }no warning from dcomm_elastic_run"
+  grep -q "elastic_sgd: warning: the checkpoint restored from the directory is of step 199" "$T/err" ||
+    why="${why:+$why; }no warning from elastic_sgd"
+  result "$([ -z "$why" ]; echo $?)" "the restored checkpoint is logged by default; a restored step past --steps is warned about" "$why"
+else
+  result 0 "# SKIP status of a static job: examples/elastic_sgd not built"
+fi
+
 finish
