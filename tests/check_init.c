@@ -16,6 +16,7 @@
 
 #include "dcomm.h"
 #include "harness.h"
+#include "init_method.h"
 
 static void clear_env(void) {
   const char *vars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -81,7 +82,11 @@ static const struct bad_case bad_cases[] = {
     {{NULL}, "tcp://127.0.0.1:29500?rank=0&world_size=zero", "world_size"},
     {{NULL}, "file://relative?rank=0&world_size=1", "file://"},
     {{NULL}, "udp://127.0.0.1:1", "unknown init method"},
-    {{NULL}, NULL, "no init method"},
+    /* Some of torchrun's variables, not all: name the missing ones and dcomm-run. */
+    {{"RANK=0", "WORLD_SIZE=2"}, NULL, "MASTER_ADDR, MASTER_PORT are not"},
+    {{"RANK=0", "WORLD_SIZE=2"}, NULL, "dcomm-run"},
+    {{"MASTER_PORT=29500"}, NULL, "dcomm-run"},
+    {{"MASTER_ADDR=127.0.0.1", "MASTER_PORT=29500", "WORLD_SIZE=2"}, NULL, "dcomm-run"},
     {{"DCOMM_TIMEOUT=abc"}, "tcp://127.0.0.1:29500?rank=0&world_size=1", "DCOMM_TIMEOUT"},
 };
 
@@ -208,6 +213,60 @@ START_TEST(test_singleton_tcp) {
 }
 END_TEST
 
+/* Every init method of the table dcomm-info prints is one dcomm_init
+ * dispatches (never "unknown"); pmix:// and etcd:// follow the build. */
+START_TEST(test_method_table) {
+  int n = 0, pmix = -1, etcd = -1;
+  for (const struct dcomm_init_method_info *m; (m = dcomm__init_method_info(n)); n++) {
+    clear_env();
+    setenv("DCOMM_CONNECT_TIMEOUT", "0.2", 1);
+    setenv("DCOMM_TIMEOUT", "0.5", 1);
+    if (!strcmp(m->scheme, "pmix://")) pmix = m->built;
+    if (!strcmp(m->scheme, "etcd://")) etcd = m->built;
+    struct dcomm_init_spec spec;
+    int rc = dcomm__init_spec_parse(m->scheme, &spec);
+    const char *msg = rc < 0 ? dcomm_last_error() : "";
+    ck_assert_msg(!strstr(msg, "unknown init method"), "%s: %s", m->scheme, msg);
+    ck_assert_msg(m->built == !strstr(msg, "built without"), "%s (built %d): %s", m->scheme, m->built, msg);
+    if (rc == 0) ck_assert_int_eq((int)spec.kind, (int)m->kind);
+  }
+  ck_assert_int_ge(n, 6);
+#ifdef DCOMM_HAVE_PMIX
+  ck_assert_int_eq(pmix, 1);
+#else
+  ck_assert_int_eq(pmix, 0);
+#endif
+#ifdef DCOMM_HAVE_ETCD
+  ck_assert_int_eq(etcd, 1);
+#else
+  ck_assert_int_eq(etcd, 0);
+#endif
+  unsetenv("DCOMM_CONNECT_TIMEOUT");
+  unsetenv("DCOMM_TIMEOUT");
+}
+END_TEST
+
+/* Started alone with nothing set (no launcher, no variables): a world of
+ * one, as an MPI singleton, twice in a row. */
+START_TEST(test_singleton_noenv) {
+  clear_env();
+  unsetenv("PMIX_NAMESPACE");
+  unsetenv("SLURM_PROCID");
+  unsetenv("PBS_JOBID");
+  for (int round = 0; round < 2; round++) {
+    ck_assert_msg(dcomm_init(NULL, NULL) == 0, "round %d: %s", round, dcomm_last_error());
+    ck_assert_int_eq(dcomm_rank(), 0);
+    ck_assert_int_eq(dcomm_world_size(), 1);
+    ck_assert_int_eq(dcomm_local_world_size(), 1);
+    int32_t x[2] = {3, 4};
+    ck_assert_int_eq(dcomm_all_reduce(x, 2, DCOMM_INT32, DCOMM_SUM, NULL), 0);
+    ck_assert(x[0] == 3 && x[1] == 4);
+    ck_assert_int_eq(dcomm_barrier(NULL), 0);
+    ck_assert_int_eq(dcomm_finalize(), 0);
+  }
+}
+END_TEST
+
 /* dcomm_set_stream is for GPU backends: tcp says so, and the usual handle
  * checks apply before any backend is asked. */
 START_TEST(test_set_stream_tcp) {
@@ -239,6 +298,8 @@ int main(void) {
   tcase_add_test(tc, test_unknown_backend);
   tcase_add_test(tc, test_nccl_without_gpu);
   tcase_add_test(tc, test_singleton_tcp);
+  tcase_add_test(tc, test_singleton_noenv);
+  tcase_add_test(tc, test_method_table);
   tcase_add_test(tc, test_set_stream_tcp);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);

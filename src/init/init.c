@@ -107,7 +107,9 @@ static int setup_store(struct dcomm_world *w, struct dcomm_init_spec *spec) {
   file_store_path[0] = 0;
   if (spec->kind == DCOMM_IM_ETCD) return setup_etcd(w, spec, timeout);
   if (spec->rank == 0 && !spec->agent_store) {
-    int rc = dcomm__store_server_start(NULL, spec->port, w->job_id, w->token, &w->server);
+    int rc = dcomm__store_server_start(spec->singleton ? spec->host : NULL, spec->port, w->job_id, w->token,
+                                       &w->server);
+    if (rc == 0 && spec->port == 0) spec->port = dcomm__store_server_port(w->server);
     if (rc < 0)
       return dcomm__err_ctx(rc, "rank 0 cannot host the store on port %d (is %s in use?)", spec->port,
                             spec->kind == DCOMM_IM_SLURM ? "the port derived from SLURM_JOB_ID and SLURM_STEP_ID "
@@ -217,6 +219,8 @@ int dcomm_init(const char *backend, const char *init_method) {
   /* A world started from the launch ranks is generation 0: recovery rounds
    * must not take their first round for the job's first rendezvous. */
   if (w->elastic && !spec.join && w->rank == 0 && (rc = set_generation_zero(w)) < 0) goto fail;
+  if (spec.singleton)
+    DCOMM_LOG(INFO, INIT, "no launcher and no MASTER_ADDR/RANK/WORLD_SIZE: running as a world of one");
   DCOMM_LOG(INFO, INIT, "initialized: rank %d of %d (local %d of %d), backend %s, job %s, generation %ld, %.3f s",
             w->rank, w->size, w->local_rank, w->local_size, w->be->name, w->job_id, w->generation, dcomm__now() - t0);
   return 0;
