@@ -3,7 +3,9 @@
  * (a bad call fails locally with DCOMM_EINVAL and a message, before any
  * byte moves), stamps the op with the group's sequence number and deadline,
  * and runs it through the backend's non-blocking table (post + wait).
- * dcomm_set_stream hands a GPU backend the user's stream.
+ * dcomm_set_stream hands a GPU backend the user's stream. A failed call's
+ * sentence goes to the caller (dcomm_last_error) and to the log at INFO
+ * only: WARN is kept for what the caller cannot see.
  */
 #include "config.h"
 #include "world.h"
@@ -32,7 +34,7 @@ int dcomm__run_op(struct dcomm_group *grp, struct dcomm_coll_args *a, const char
   }
   if (rc < 0) {
     dcomm__err_ctx(rc, "%s on %s (rank %d of %d)", what, grp->label, grp->rank, grp->size);
-    DCOMM_LOG(WARN, COLL, "%s", dcomm_last_error());
+    DCOMM_LOG(INFO, COLL, "%s", dcomm_last_error());
   }
   return rc;
 }
@@ -305,7 +307,7 @@ static int need_probe(const char *what, probe_fn *probe) {
 
 static int probe_failed(struct dcomm_group *grp, int rc, const char *what) {
   dcomm__err_ctx(rc, "%s on %s (rank %d of %d)", what, grp->label, grp->rank, grp->size);
-  DCOMM_LOG(WARN, COLL, "%s", dcomm_last_error());
+  DCOMM_LOG(INFO, COLL, "%s", dcomm_last_error());
   return rc;
 }
 
@@ -348,7 +350,7 @@ int dcomm_recv_any(void *buf, size_t count, dcomm_dtype_t dt, int tag, dcomm_gro
   if (rc == 0) {
     dcomm__err(DCOMM_ETIMEDOUT, "recv_any on %s (rank %d of %d): no message with tag %d from any member within %g s "
                "(the group's timeout)", grp->label, grp->rank, grp->size, tag, grp->timeout);
-    DCOMM_LOG(WARN, COLL, "%s", dcomm_last_error());
+    DCOMM_LOG(INFO, COLL, "%s", dcomm_last_error());
     return DCOMM_ETIMEDOUT;
   }
   /* The message is queued in full: this recv takes it at once, and

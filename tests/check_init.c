@@ -17,6 +17,7 @@
 #include "dcomm.h"
 #include "harness.h"
 #include "init_method.h"
+#include "log.h"
 
 static void clear_env(void) {
   const char *vars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -213,6 +214,57 @@ START_TEST(test_singleton_tcp) {
 }
 END_TEST
 
+/* Runs a recv that times out with stderr in a file; returns 1 if what was
+ * logged has a line with level and "recv on world". */
+static int recv_logged(const char *level) {
+  FILE *cap = tmpfile();
+  if (!cap) return -1;
+  fflush(stderr);
+  int saved = dup(2);
+  dup2(fileno(cap), 2);
+  int32_t x;
+  int rc = dcomm_recv(&x, 1, DCOMM_INT32, 0, 7, NULL);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  char buf[4096] = "";
+  size_t n = (size_t)pread(fileno(cap), buf, sizeof(buf) - 1, 0);
+  buf[n < sizeof(buf) ? n : 0] = 0;
+  fclose(cap);
+  if (rc != DCOMM_ETIMEDOUT) return -1;
+  for (char *l = buf; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+    if (strstr(l, level) && strstr(l, "recv on world") && (!strchr(l, '\n') || strstr(l, "recv on world") < strchr(l, '\n')))
+      return 1;
+  return 0;
+}
+
+/* An error returned to the caller is not also printed at the default
+ * level (warn); it is in the log at info. */
+static int body_quiet(int rank, int n, void *arg) {
+  (void)n, (void)arg;
+  if (rank == 0) {
+    usleep(1500000);
+    return 0;
+  }
+  MP_OK(dcomm_group_set_timeout(NULL, 0.3));
+  unsetenv("DCOMM_LOG_SUBSYS");
+  setenv("DCOMM_LOG_LEVEL", "warn", 1);
+  dcomm__log_setup();
+  int r = recv_logged("WARN");
+  MP_REQUIRE(r == 0, "a recv that timed out was logged at WARN (or did not time out): %d", r);
+  setenv("DCOMM_LOG_LEVEL", "info", 1);
+  dcomm__log_setup();
+  r = recv_logged("INFO");
+  MP_REQUIRE(r == 1, "a recv that timed out is not in the log at INFO: %d", r);
+  return 0;
+}
+
+START_TEST(test_returned_errors_quiet) {
+  clear_env();
+  ck_assert_int_eq(mp_run(2, body_quiet, NULL, 60), 0);
+}
+END_TEST
+
 /* Every init method of the table dcomm-info prints is one dcomm_init
  * dispatches (never "unknown"); pmix:// and etcd:// follow the build. */
 START_TEST(test_method_table) {
@@ -300,6 +352,7 @@ int main(void) {
   tcase_add_test(tc, test_singleton_tcp);
   tcase_add_test(tc, test_singleton_noenv);
   tcase_add_test(tc, test_method_table);
+  tcase_add_test(tc, test_returned_errors_quiet);
   tcase_add_test(tc, test_set_stream_tcp);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
