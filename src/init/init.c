@@ -174,6 +174,9 @@ int dcomm_init(const char *backend, const char *init_method) {
   if (w->initialized) return dcomm__err(DCOMM_EINVAL, "dcomm_init: already initialized (call dcomm_finalize first)");
   dcomm__log_setup();
   DCOMM_CHECK(dcomm__params_load());
+  /* dcomm-run asks for it: a worker's printf reaches the launcher's
+   * output line by line (live), not in blocks at exit. */
+  if (dcomm__param_bool(DCOMM_P_LINE_BUFFERED)) setvbuf(stdout, NULL, _IOLBF, 0);
   DCOMM_CHECK(dcomm__init_spec_parse(init_method, &spec));
   if (!backend || !*backend) backend = dcomm__param_str(DCOMM_P_BACKEND);
   snprintf(w->backend_name, sizeof(w->backend_name), "%s", backend);
