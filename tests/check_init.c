@@ -214,6 +214,47 @@ START_TEST(test_singleton_tcp) {
 }
 END_TEST
 
+/* The usual mistakes at rendezvous fail fast and name the fix. arg: 0
+ * rank 1 is told another WORLD_SIZE; 1 rank 1 has a wrong MASTER_PORT. */
+static int body_mistake(int rank, int n, void *arg) {
+  int kind = *(int *)arg;
+  char v[32];
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  snprintf(v, sizeof(v), "%d", kind == 1 && rank == 1 ? mp_free_port() : port_for_env);
+  setenv("MASTER_PORT", v, 1);
+  snprintf(v, sizeof(v), "%d", rank);
+  setenv("RANK", v, 1);
+  snprintf(v, sizeof(v), "%d", kind == 0 && rank == 1 ? n + 2 : n);
+  setenv("WORLD_SIZE", v, 1);
+  setenv("DCOMM_CONNECT_TIMEOUT", "2", 1);
+  double t0 = mp_now();
+  int rc = dcomm_init("tcp", NULL);
+  double took = mp_now() - t0;
+  const char *msg = dcomm_last_error();
+  MP_REQUIRE(rc < 0, "init succeeded");
+  MP_REQUIRE(took < 6, "init failed only after %.1f s", took);
+  if (kind == 0) {
+    MP_REQUIRE(rc == DCOMM_EINVAL && strstr(msg, "WORLD_SIZE disagrees") && strstr(msg, "told 2") &&
+                   strstr(msg, "told 4"), "the disagreement is not named with both values: %s", msg);
+  } else if (rank == 1) {
+    MP_REQUIRE(strstr(msg, "MASTER_PORT") && strstr(msg, "DCOMM_CONNECT_TIMEOUT"), "wrong port: %s", msg);
+  } else {
+    MP_REQUIRE(rc == DCOMM_ETIMEDOUT && strstr(msg, "world rank 1 never reached the store") &&
+                   strstr(msg, "MASTER_PORT") && strstr(msg, "DCOMM_CONNECT_TIMEOUT"), "rank 0: %s", msg);
+  }
+  return 0;
+}
+
+START_TEST(test_rendezvous_mistakes) {
+  struct mp_result res;
+  int kind = _i;
+  clear_env();
+  port_for_env = mp_free_port();
+  ck_assert_int_eq(mp_run_ex(2, body_mistake, &kind, 30, 1, &res), 0);
+  unsetenv("DCOMM_CONNECT_TIMEOUT");
+}
+END_TEST
+
 /* Runs a recv that times out with stderr in a file; returns 1 if what was
  * logged has a line with level and "recv on world". */
 static int recv_logged(const char *level) {
@@ -353,6 +394,7 @@ int main(void) {
   tcase_add_test(tc, test_singleton_noenv);
   tcase_add_test(tc, test_method_table);
   tcase_add_test(tc, test_returned_errors_quiet);
+  tcase_add_loop_test(tc, test_rendezvous_mistakes, 0, 2);
   tcase_add_test(tc, test_set_stream_tcp);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
