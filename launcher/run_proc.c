@@ -211,7 +211,7 @@ static const char *const owned[] = {
     "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DCOMM_USE_AGENT_STORE", "DCOMM_AGENT_STORE", "DCOMM_AUTH_TOKEN",
     "DCOMM_JOB_ID",
     "DCOMM_ELASTIC", "DCOMM_ELASTIC_JOIN", "DCOMM_MEMBER_ID", "DCOMM_RESTART_COUNT", "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "DCOMM_INIT_METHOD", "DCOMM_AGENT_SLOT", NULL};
+    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "DCOMM_INIT_METHOD", "DCOMM_AGENT_SLOT", "DCOMM_LINE_BUFFERED", NULL};
 
 static int is_owned(const char *kv) {
   for (int i = 0; owned[i]; i++) {
@@ -256,6 +256,7 @@ static int build_env(struct envbuf *e, int rank, int join, const char *member, c
   env_setf(e, "TORCHELASTIC_RUN_ID=%s", re->job_id);
   env_setf(e, "TORCHELASTIC_RESTART_COUNT=%d", re->restart_count);
   env_setf(e, "TORCHELASTIC_MAX_RESTARTS=%d", re->max_restarts);
+  env_setf(e, "DCOMM_LINE_BUFFERED=1");
   return e->failed ? -1 : 0;
 }
 

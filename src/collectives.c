@@ -3,7 +3,9 @@
  * (a bad call fails locally with DCOMM_EINVAL and a message, before any
  * byte moves), stamps the op with the group's sequence number and deadline,
  * and runs it through the backend's non-blocking table (post + wait).
- * dcomm_set_stream hands a GPU backend the user's stream.
+ * dcomm_set_stream hands a GPU backend the user's stream. A failed call's
+ * sentence goes to the caller (dcomm_last_error) and to the log at INFO
+ * only: WARN is kept for what the caller cannot see.
  */
 #include "config.h"
 #include "world.h"
@@ -32,7 +34,7 @@ int dcomm__run_op(struct dcomm_group *grp, struct dcomm_coll_args *a, const char
   }
   if (rc < 0) {
     dcomm__err_ctx(rc, "%s on %s (rank %d of %d)", what, grp->label, grp->rank, grp->size);
-    DCOMM_LOG(WARN, COLL, "%s", dcomm_last_error());
+    DCOMM_LOG(INFO, COLL, "%s", dcomm_last_error());
   }
   return rc;
 }
@@ -40,7 +42,7 @@ int dcomm__run_op(struct dcomm_group *grp, struct dcomm_coll_args *a, const char
 /* Common checks; n_bufs_elems is the element count of the largest buffer. */
 static int check(dcomm_group_t g, struct dcomm_group **grp, const char *what, size_t count, dcomm_dtype_t dt,
                  size_t per_rank_factor) {
-  DCOMM_CHECK(dcomm__group_resolve(g, 1, grp));
+  DCOMM_CHECK(dcomm__group_resolve(g, what, grp));
   if (!dcomm__dtype_valid((int)dt)) return dcomm__err(DCOMM_EINVAL, "%s: invalid dtype %d", what, (int)dt);
   size_t es = dcomm_dtype_size(dt);
   if (count > SIZE_MAX / es / (per_rank_factor ? per_rank_factor : 1))
@@ -98,7 +100,7 @@ int dcomm_broadcast(void *buf, size_t count, dcomm_dtype_t dt, int root, dcomm_g
 
 int dcomm_all_gather(const void *sendbuf, void *recvbuf, size_t count, dcomm_dtype_t dt, dcomm_group_t g) {
   struct dcomm_group *grp;
-  DCOMM_CHECK(dcomm__group_resolve(g, 1, &grp));
+  DCOMM_CHECK(dcomm__group_resolve(g, "all_gather", &grp));
   DCOMM_CHECK(check(g, &grp, "all_gather", count, dt, (size_t)grp->size));
   DCOMM_CHECK(need_buf("all_gather", "sendbuf", sendbuf, count));
   DCOMM_CHECK(need_buf("all_gather", "recvbuf", recvbuf, count));
@@ -109,7 +111,7 @@ int dcomm_all_gather(const void *sendbuf, void *recvbuf, size_t count, dcomm_dty
 
 int dcomm_gather(const void *sendbuf, void *recvbuf, size_t count, dcomm_dtype_t dt, int root, dcomm_group_t g) {
   struct dcomm_group *grp;
-  DCOMM_CHECK(dcomm__group_resolve(g, 1, &grp));
+  DCOMM_CHECK(dcomm__group_resolve(g, "gather", &grp));
   DCOMM_CHECK(check(g, &grp, "gather", count, dt, (size_t)grp->size));
   DCOMM_CHECK(check_root(grp, "gather", "root", root));
   DCOMM_CHECK(need_buf("gather", "sendbuf", sendbuf, count));
@@ -121,7 +123,7 @@ int dcomm_gather(const void *sendbuf, void *recvbuf, size_t count, dcomm_dtype_t
 
 int dcomm_scatter(const void *sendbuf, void *recvbuf, size_t count, dcomm_dtype_t dt, int root, dcomm_group_t g) {
   struct dcomm_group *grp;
-  DCOMM_CHECK(dcomm__group_resolve(g, 1, &grp));
+  DCOMM_CHECK(dcomm__group_resolve(g, "scatter", &grp));
   DCOMM_CHECK(check(g, &grp, "scatter", count, dt, (size_t)grp->size));
   DCOMM_CHECK(check_root(grp, "scatter", "root", root));
   if (grp->rank == root) DCOMM_CHECK(need_buf("scatter", "sendbuf (at the root)", sendbuf, count));
@@ -134,7 +136,7 @@ int dcomm_scatter(const void *sendbuf, void *recvbuf, size_t count, dcomm_dtype_
 int dcomm_reduce_scatter(const void *sendbuf, void *recvbuf, size_t count, dcomm_dtype_t dt, dcomm_op_t op,
                          dcomm_group_t g) {
   struct dcomm_group *grp;
-  DCOMM_CHECK(dcomm__group_resolve(g, 1, &grp));
+  DCOMM_CHECK(dcomm__group_resolve(g, "reduce_scatter", &grp));
   DCOMM_CHECK(check(g, &grp, "reduce_scatter", count, dt, (size_t)grp->size));
   DCOMM_CHECK(check_op("reduce_scatter", op, dt));
   DCOMM_CHECK(need_buf("reduce_scatter", "sendbuf", sendbuf, count));
@@ -146,7 +148,7 @@ int dcomm_reduce_scatter(const void *sendbuf, void *recvbuf, size_t count, dcomm
 
 int dcomm_all_to_all(const void *sendbuf, void *recvbuf, size_t count, dcomm_dtype_t dt, dcomm_group_t g) {
   struct dcomm_group *grp;
-  DCOMM_CHECK(dcomm__group_resolve(g, 1, &grp));
+  DCOMM_CHECK(dcomm__group_resolve(g, "all_to_all", &grp));
   DCOMM_CHECK(check(g, &grp, "all_to_all", count, dt, (size_t)grp->size));
   DCOMM_CHECK(need_buf("all_to_all", "sendbuf", sendbuf, count));
   DCOMM_CHECK(need_buf("all_to_all", "recvbuf", recvbuf, count));
@@ -305,14 +307,14 @@ static int need_probe(const char *what, probe_fn *probe) {
 
 static int probe_failed(struct dcomm_group *grp, int rc, const char *what) {
   dcomm__err_ctx(rc, "%s on %s (rank %d of %d)", what, grp->label, grp->rank, grp->size);
-  DCOMM_LOG(WARN, COLL, "%s", dcomm_last_error());
+  DCOMM_LOG(INFO, COLL, "%s", dcomm_last_error());
   return rc;
 }
 
 int dcomm_probe(int peer, int tag, dcomm_group_t g, double timeout, int *src, size_t *nbytes) {
   struct dcomm_group *grp;
   probe_fn probe;
-  DCOMM_CHECK(dcomm__group_resolve(g, 1, &grp));
+  DCOMM_CHECK(dcomm__group_resolve(g, "probe", &grp));
   if (peer != DCOMM_ANY_SOURCE) {
     DCOMM_CHECK(check_root(grp, "probe", "peer", peer));
     if (peer == grp->rank) return dcomm__err(DCOMM_EINVAL, "probe: peer %d is this rank itself", peer);
@@ -348,7 +350,7 @@ int dcomm_recv_any(void *buf, size_t count, dcomm_dtype_t dt, int tag, dcomm_gro
   if (rc == 0) {
     dcomm__err(DCOMM_ETIMEDOUT, "recv_any on %s (rank %d of %d): no message with tag %d from any member within %g s "
                "(the group's timeout)", grp->label, grp->rank, grp->size, tag, grp->timeout);
-    DCOMM_LOG(WARN, COLL, "%s", dcomm_last_error());
+    DCOMM_LOG(INFO, COLL, "%s", dcomm_last_error());
     return DCOMM_ETIMEDOUT;
   }
   /* The message is queued in full: this recv takes it at once, and
@@ -362,14 +364,14 @@ int dcomm_recv_any(void *buf, size_t count, dcomm_dtype_t dt, int tag, dcomm_gro
 
 int dcomm_barrier(dcomm_group_t g) {
   struct dcomm_group *grp;
-  DCOMM_CHECK(dcomm__group_resolve(g, 1, &grp));
+  DCOMM_CHECK(dcomm__group_resolve(g, "barrier", &grp));
   struct dcomm_coll_args a = {.coll = DCOMM_COLL_BARRIER, .dtype = DCOMM_UINT8};
   return dcomm__run_op(grp, &a, "barrier");
 }
 
 int dcomm_set_stream(dcomm_group_t g, void *cuda_stream) {
   struct dcomm_group *grp;
-  DCOMM_CHECK(dcomm__group_resolve(g, 1, &grp));
+  DCOMM_CHECK(dcomm__group_resolve(g, "set_stream", &grp));
   int (*set)(void *, void *) = DCOMM_BACKEND_OP(dcomm__w.be, comm_set_stream);
   if (!set) return dcomm__err(DCOMM_ENOTSUP, "dcomm_set_stream: the %s backend has no streams", dcomm__w.be->name);
   int rc = set(grp->bcomm, cuda_stream);

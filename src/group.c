@@ -24,7 +24,7 @@
  * caller who ignores the error does not silently use the world (NULL). */
 static struct dcomm_group invalid_group = {.label = "invalid group"};
 
-int dcomm__group_resolve(dcomm_group_t g, int need_member, struct dcomm_group **out) {
+int dcomm__group_resolve(dcomm_group_t g, const char *call, struct dcomm_group **out) {
   if (!dcomm__w.initialized) return dcomm__err(DCOMM_ENOTINIT, "dcomm is not initialized (call dcomm_init first)");
   struct dcomm_group *grp = g ? g : &dcomm__w.world;
   if (g) {
@@ -32,8 +32,10 @@ int dcomm__group_resolve(dcomm_group_t g, int need_member, struct dcomm_group **
     while (it && it != g) it = it->next;
     if (!it) return dcomm__err(DCOMM_EINVAL, "group handle %p is not a live group (freed, or from another init)", (void *)g);
   }
-  if (need_member && !grp->is_member)
-    return dcomm__err(DCOMM_ENOTMEMBER, "rank %d is not a member of %s", dcomm__w.rank, grp->label);
+  if (call && !grp->is_member)
+    return dcomm__err(DCOMM_ENOTMEMBER, "%s%s: world rank %d is not a member of %s, created by %s on this rank",
+                      strncmp(call, "dcomm_", 6) ? "dcomm_" : "", call, dcomm__w.rank, grp->label,
+                      grp->origin[0] ? grp->origin : "an earlier call");
   *out = grp;
   return 0;
 }
@@ -80,6 +82,35 @@ static int group_attach(struct dcomm_group *grp, struct dcomm_group *parent, int
   return grp->is_member ? dcomm__group_connect(grp) : 0;
 }
 
+/* "dcomm_new_group([0, 2, 5])", "dcomm_new_group_named(\"x\", [1, 3])" or
+ * "dcomm_group_split(world, color 1) as [0, 2]": for messages that name
+ * the group's creation (long lists end with "..."). */
+static void set_origin(struct dcomm_group *grp, const char *kind, const char *name, const struct dcomm_group *parent,
+                       int color) {
+  char ranks[120];
+  size_t n = 0;
+  ranks[0] = 0;
+  for (int i = 0; i < grp->size && n < sizeof(ranks); i++) {
+    if (n + 16 >= sizeof(ranks)) {
+      snprintf(ranks + n, sizeof(ranks) - n, ", ...");
+      break;
+    }
+    n += (size_t)snprintf(ranks + n, sizeof(ranks) - n, "%s%d", i ? ", " : "", grp->world_ranks[i]);
+  }
+  if (!strcmp(kind, "group_split")) {
+    if (color < 0)
+      snprintf(grp->origin, sizeof(grp->origin), "dcomm_group_split(%s, color %d): a negative color gives a "
+               "non-member handle", parent ? parent->label : "?", color);
+    else
+      snprintf(grp->origin, sizeof(grp->origin), "dcomm_group_split(%s, color %d) as world ranks [%s]",
+               parent ? parent->label : "?", color, ranks);
+  } else if (name) {
+    snprintf(grp->origin, sizeof(grp->origin), "dcomm_%s(\"%.22s\", [%s])", kind, name, ranks);
+  } else {
+    snprintf(grp->origin, sizeof(grp->origin), "dcomm_%s([%s])", kind, ranks);
+  }
+}
+
 /* Makes a group from world ranks (already validated) on every member of
  * parent (NULL: on its own members only); color as for group_attach;
  * name: dcomm_new_group_named's, or NULL. */
@@ -106,6 +137,7 @@ static int make_group(uint64_t id, const int *world_ranks, int n, double timeout
   } else {
     snprintf(grp->label, sizeof(grp->label), "group %016llx", (unsigned long long)id);
   }
+  set_origin(grp, kind, name, parent, color);
   int rc = group_attach(grp, parent, color);
   if (rc < 0) {
     free(grp->world_ranks);
@@ -142,7 +174,7 @@ static int check_ranks(const char *what, const int *world_ranks, int n) {
 
 int dcomm_new_group(const int *world_ranks, int n, dcomm_group_t *group) {
   struct dcomm_group *world;
-  DCOMM_CHECK(dcomm__group_resolve(NULL, 1, &world));
+  DCOMM_CHECK(dcomm__group_resolve(NULL, "dcomm_new_group", &world));
   if (!group) return dcomm__err(DCOMM_EINVAL, "dcomm_new_group: group is NULL");
   *group = &invalid_group;
   DCOMM_CHECK(check_ranks("dcomm_new_group", world_ranks, n));
@@ -153,7 +185,7 @@ int dcomm_new_group(const int *world_ranks, int n, dcomm_group_t *group) {
 
 int dcomm_new_group_named(const char *name, const int *world_ranks, int n, dcomm_group_t *group) {
   struct dcomm_group *world;
-  DCOMM_CHECK(dcomm__group_resolve(NULL, 1, &world));
+  DCOMM_CHECK(dcomm__group_resolve(NULL, "dcomm_new_group_named", &world));
   if (!group) return dcomm__err(DCOMM_EINVAL, "dcomm_new_group_named: group is NULL");
   *group = &invalid_group;
   if (!name || !*name) return dcomm__err(DCOMM_EINVAL, "dcomm_new_group_named: the name is %s", name ? "empty" : "NULL");
@@ -211,7 +243,7 @@ static int split_exchange(struct dcomm_group *p, int32_t color, int32_t key, int
 
 int dcomm_group_split(dcomm_group_t parent, int color, int key, dcomm_group_t *group) {
   struct dcomm_group *p;
-  DCOMM_CHECK(dcomm__group_resolve(parent, 1, &p));
+  DCOMM_CHECK(dcomm__group_resolve(parent, "dcomm_group_split", &p));
   if (!group) return dcomm__err(DCOMM_EINVAL, "dcomm_group_split: group is NULL");
   *group = &invalid_group;
   int32_t *all = malloc(sizeof(int32_t) * 2 * (size_t)p->size);
@@ -243,19 +275,19 @@ int dcomm_group_split(dcomm_group_t parent, int color, int key, dcomm_group_t *g
 
 int dcomm_group_rank(dcomm_group_t g) {
   struct dcomm_group *grp;
-  DCOMM_CHECK(dcomm__group_resolve(g, 1, &grp));
+  DCOMM_CHECK(dcomm__group_resolve(g, "dcomm_group_rank", &grp));
   return grp->rank;
 }
 
 int dcomm_group_size(dcomm_group_t g) {
   struct dcomm_group *grp;
-  DCOMM_CHECK(dcomm__group_resolve(g, 0, &grp));
+  DCOMM_CHECK(dcomm__group_resolve(g, NULL, &grp));
   return grp->size;
 }
 
 int dcomm_group_world_rank(dcomm_group_t g, int group_rank) {
   struct dcomm_group *grp;
-  DCOMM_CHECK(dcomm__group_resolve(g, 0, &grp));
+  DCOMM_CHECK(dcomm__group_resolve(g, NULL, &grp));
   if (group_rank < 0 || group_rank >= grp->size)
     return dcomm__err(DCOMM_EINVAL, "rank %d is not in %s of size %d", group_rank, grp->label, grp->size);
   return grp->world_ranks[group_rank];
@@ -263,7 +295,7 @@ int dcomm_group_world_rank(dcomm_group_t g, int group_rank) {
 
 int dcomm_group_set_timeout(dcomm_group_t g, double seconds) {
   struct dcomm_group *grp;
-  DCOMM_CHECK(dcomm__group_resolve(g, 0, &grp));
+  DCOMM_CHECK(dcomm__group_resolve(g, NULL, &grp));
   if (!(seconds > 0)) return dcomm__err(DCOMM_EINVAL, "timeout must be positive, got %g", seconds);
   grp->timeout = seconds;
   return 0;
@@ -272,7 +304,7 @@ int dcomm_group_set_timeout(dcomm_group_t g, double seconds) {
 int dcomm_group_free(dcomm_group_t g) {
   struct dcomm_group *grp;
   if (!g) return dcomm__err(DCOMM_EINVAL, "dcomm_group_free: the world group cannot be freed (use dcomm_finalize)");
-  DCOMM_CHECK(dcomm__group_resolve(g, 0, &grp));
+  DCOMM_CHECK(dcomm__group_resolve(g, NULL, &grp));
   pthread_mutex_lock(&dcomm__w.lock);
   struct dcomm_group **pp = &dcomm__w.groups;
   while (*pp != grp) pp = &(*pp)->next;

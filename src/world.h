@@ -30,6 +30,7 @@ struct dcomm_group {
   uint64_t splits;  /* dcomm_group_split calls on this group so far */
   char label[32];
   char name[DCOMM__GROUP_NAME_MAX + 1]; /* dcomm_new_group_named's name, else "" */
+  char origin[200]; /* the call that created it: "dcomm_new_group([0, 2])", for messages */
   struct dcomm_group *next;
 };
 
@@ -96,7 +97,10 @@ const char *dcomm__backend_param_default(const struct dcomm_backend_v1 *be, cons
 
 /* group.c */
 /* Resolves a handle (NULL: world); requires init and, if need_member, membership. */
-int dcomm__group_resolve(dcomm_group_t g, int need_member, struct dcomm_group **out);
+/* g (NULL: the world) as a live group; call (e.g. "all_reduce"), when not
+ * NULL, is a call that needs this rank to be a member: DCOMM_ENOTMEMBER
+ * names it and how the group was created. */
+int dcomm__group_resolve(dcomm_group_t g, const char *call, struct dcomm_group **out);
 /* What the backend gets for a filled-in group's communicator (members
  * only): comm_create's and comm_shrink's spec. */
 struct dcomm_comm_spec dcomm__group_spec(const struct dcomm_group *grp);

@@ -33,7 +33,12 @@ static int body_overlap(int rank, int n, void *arg) {
     MP_REQUIRE(s == 3, "sum over a = %d", s);
   } else {
     MP_REQUIRE(dcomm_group_rank(a) == DCOMM_ENOTMEMBER, "non-member rank query");
+    MP_REQUIRE(strstr(dcomm_last_error(), "dcomm_group_rank") && strstr(dcomm_last_error(), "dcomm_new_group([0, 1, 2])"),
+               "ENOTMEMBER names the call and the group's creation: %s", dcomm_last_error());
     MP_REQUIRE(sum_world_ranks(a, &s) == DCOMM_ENOTMEMBER, "non-member collective");
+    MP_REQUIRE(strstr(dcomm_last_error(), "dcomm_all_reduce: world rank 3 is not a member") &&
+                   strstr(dcomm_last_error(), "created by dcomm_new_group([0, 1, 2])"),
+               "ENOTMEMBER names the call and the group's creation: %s", dcomm_last_error());
     MP_REQUIRE(dcomm_group_size(a) == 3, "non-member size query");
   }
   if (rank >= 1) {
@@ -86,6 +91,12 @@ static int body_split(int rank, int n, void *arg) {
   MP_OK(dcomm_group_split(NULL, rank == 0 ? -1 : 5, 0, &none));
   if (rank == 0) {
     MP_REQUIRE(dcomm_group_rank(none) == DCOMM_ENOTMEMBER, "color -1 must not be a member");
+    int32_t v = 0;
+    MP_REQUIRE(dcomm_barrier(none) == DCOMM_ENOTMEMBER && dcomm_all_reduce(&v, 1, DCOMM_INT32, DCOMM_SUM, none) ==
+                                                              DCOMM_ENOTMEMBER, "color -1: collectives refused");
+    MP_REQUIRE(strstr(dcomm_last_error(), "dcomm_all_reduce") &&
+                   strstr(dcomm_last_error(), "dcomm_group_split(world, color -1)"),
+               "ENOTMEMBER names the call and the split color: %s", dcomm_last_error());
   } else {
     MP_OK(sum_world_ranks(none, &s));
     MP_REQUIRE(s == n * (n - 1) / 2, "split without rank 0: %d", s);
@@ -149,6 +160,8 @@ static int body_named(int rank, int n, void *arg) {
     MP_REQUIRE(dcomm_group_rank(out) == DCOMM_ENOTMEMBER, "non-member rank query");
     MP_REQUIRE(dcomm_group_size(out) == 2, "non-member size query");
     MP_REQUIRE(sum_world_ranks(out, &s) == DCOMM_ENOTMEMBER, "non-member collective");
+    MP_REQUIRE(strstr(dcomm_last_error(), "dcomm_all_reduce") && strstr(dcomm_last_error(), "dcomm_new_group_named(\""),
+               "ENOTMEMBER names the call and the group's creation: %s", dcomm_last_error());
     MP_OK(dcomm_group_free(out));
   }
   /* Same name and ranks while the first lives: refused, naming it. */

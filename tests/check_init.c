@@ -16,6 +16,8 @@
 
 #include "dcomm.h"
 #include "harness.h"
+#include "init_method.h"
+#include "log.h"
 
 static void clear_env(void) {
   const char *vars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -81,7 +83,11 @@ static const struct bad_case bad_cases[] = {
     {{NULL}, "tcp://127.0.0.1:29500?rank=0&world_size=zero", "world_size"},
     {{NULL}, "file://relative?rank=0&world_size=1", "file://"},
     {{NULL}, "udp://127.0.0.1:1", "unknown init method"},
-    {{NULL}, NULL, "no init method"},
+    /* Some of torchrun's variables, not all: name the missing ones and dcomm-run. */
+    {{"RANK=0", "WORLD_SIZE=2"}, NULL, "MASTER_ADDR, MASTER_PORT are not"},
+    {{"RANK=0", "WORLD_SIZE=2"}, NULL, "dcomm-run"},
+    {{"MASTER_PORT=29500"}, NULL, "dcomm-run"},
+    {{"MASTER_ADDR=127.0.0.1", "MASTER_PORT=29500", "WORLD_SIZE=2"}, NULL, "dcomm-run"},
     {{"DCOMM_TIMEOUT=abc"}, "tcp://127.0.0.1:29500?rank=0&world_size=1", "DCOMM_TIMEOUT"},
 };
 
@@ -208,6 +214,152 @@ START_TEST(test_singleton_tcp) {
 }
 END_TEST
 
+/* The usual mistakes at rendezvous fail fast and name the fix. arg: 0
+ * rank 1 is told another WORLD_SIZE; 1 rank 1 has a wrong MASTER_PORT. */
+static int body_mistake(int rank, int n, void *arg) {
+  int kind = *(int *)arg;
+  char v[32];
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  snprintf(v, sizeof(v), "%d", kind == 1 && rank == 1 ? mp_free_port() : port_for_env);
+  setenv("MASTER_PORT", v, 1);
+  snprintf(v, sizeof(v), "%d", rank);
+  setenv("RANK", v, 1);
+  snprintf(v, sizeof(v), "%d", kind == 0 && rank == 1 ? n + 2 : n);
+  setenv("WORLD_SIZE", v, 1);
+  setenv("DCOMM_CONNECT_TIMEOUT", "2", 1);
+  double t0 = mp_now();
+  int rc = dcomm_init("tcp", NULL);
+  double took = mp_now() - t0;
+  const char *msg = dcomm_last_error();
+  MP_REQUIRE(rc < 0, "init succeeded");
+  MP_REQUIRE(took < 6, "init failed only after %.1f s", took);
+  if (kind == 0) {
+    MP_REQUIRE(rc == DCOMM_EINVAL && strstr(msg, "WORLD_SIZE disagrees") && strstr(msg, "told 2") &&
+                   strstr(msg, "told 4"), "the disagreement is not named with both values: %s", msg);
+  } else if (rank == 1) {
+    MP_REQUIRE(strstr(msg, "MASTER_PORT") && strstr(msg, "DCOMM_CONNECT_TIMEOUT"), "wrong port: %s", msg);
+  } else {
+    MP_REQUIRE(rc == DCOMM_ETIMEDOUT && strstr(msg, "world rank 1 never reached the store") &&
+                   strstr(msg, "MASTER_PORT") && strstr(msg, "DCOMM_CONNECT_TIMEOUT"), "rank 0: %s", msg);
+  }
+  return 0;
+}
+
+START_TEST(test_rendezvous_mistakes) {
+  struct mp_result res;
+  int kind = _i;
+  clear_env();
+  port_for_env = mp_free_port();
+  ck_assert_int_eq(mp_run_ex(2, body_mistake, &kind, 30, 1, &res), 0);
+  unsetenv("DCOMM_CONNECT_TIMEOUT");
+}
+END_TEST
+
+/* Runs a recv that times out with stderr in a file; returns 1 if what was
+ * logged has a line with level and "recv on world". */
+static int recv_logged(const char *level) {
+  FILE *cap = tmpfile();
+  if (!cap) return -1;
+  fflush(stderr);
+  int saved = dup(2);
+  dup2(fileno(cap), 2);
+  int32_t x;
+  int rc = dcomm_recv(&x, 1, DCOMM_INT32, 0, 7, NULL);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  char buf[4096] = "";
+  size_t n = (size_t)pread(fileno(cap), buf, sizeof(buf) - 1, 0);
+  buf[n < sizeof(buf) ? n : 0] = 0;
+  fclose(cap);
+  if (rc != DCOMM_ETIMEDOUT) return -1;
+  for (char *l = buf; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+    if (strstr(l, level) && strstr(l, "recv on world") && (!strchr(l, '\n') || strstr(l, "recv on world") < strchr(l, '\n')))
+      return 1;
+  return 0;
+}
+
+/* An error returned to the caller is not also printed at the default
+ * level (warn); it is in the log at info. */
+static int body_quiet(int rank, int n, void *arg) {
+  (void)n, (void)arg;
+  if (rank == 0) {
+    usleep(1500000);
+    return 0;
+  }
+  MP_OK(dcomm_group_set_timeout(NULL, 0.3));
+  unsetenv("DCOMM_LOG_SUBSYS");
+  setenv("DCOMM_LOG_LEVEL", "warn", 1);
+  dcomm__log_setup();
+  int r = recv_logged("WARN");
+  MP_REQUIRE(r == 0, "a recv that timed out was logged at WARN (or did not time out): %d", r);
+  setenv("DCOMM_LOG_LEVEL", "info", 1);
+  dcomm__log_setup();
+  r = recv_logged("INFO");
+  MP_REQUIRE(r == 1, "a recv that timed out is not in the log at INFO: %d", r);
+  return 0;
+}
+
+START_TEST(test_returned_errors_quiet) {
+  clear_env();
+  ck_assert_int_eq(mp_run(2, body_quiet, NULL, 60), 0);
+}
+END_TEST
+
+/* Every init method of the table dcomm-info prints is one dcomm_init
+ * dispatches (never "unknown"); pmix:// and etcd:// follow the build. */
+START_TEST(test_method_table) {
+  int n = 0, pmix = -1, etcd = -1;
+  for (const struct dcomm_init_method_info *m; (m = dcomm__init_method_info(n)); n++) {
+    clear_env();
+    setenv("DCOMM_CONNECT_TIMEOUT", "0.2", 1);
+    setenv("DCOMM_TIMEOUT", "0.5", 1);
+    if (!strcmp(m->scheme, "pmix://")) pmix = m->built;
+    if (!strcmp(m->scheme, "etcd://")) etcd = m->built;
+    struct dcomm_init_spec spec;
+    int rc = dcomm__init_spec_parse(m->scheme, &spec);
+    const char *msg = rc < 0 ? dcomm_last_error() : "";
+    ck_assert_msg(!strstr(msg, "unknown init method"), "%s: %s", m->scheme, msg);
+    ck_assert_msg(m->built == !strstr(msg, "built without"), "%s (built %d): %s", m->scheme, m->built, msg);
+    if (rc == 0) ck_assert_int_eq((int)spec.kind, (int)m->kind);
+  }
+  ck_assert_int_ge(n, 6);
+#ifdef DCOMM_HAVE_PMIX
+  ck_assert_int_eq(pmix, 1);
+#else
+  ck_assert_int_eq(pmix, 0);
+#endif
+#ifdef DCOMM_HAVE_ETCD
+  ck_assert_int_eq(etcd, 1);
+#else
+  ck_assert_int_eq(etcd, 0);
+#endif
+  unsetenv("DCOMM_CONNECT_TIMEOUT");
+  unsetenv("DCOMM_TIMEOUT");
+}
+END_TEST
+
+/* Started alone with nothing set (no launcher, no variables): a world of
+ * one, as an MPI singleton, twice in a row. */
+START_TEST(test_singleton_noenv) {
+  clear_env();
+  unsetenv("PMIX_NAMESPACE");
+  unsetenv("SLURM_PROCID");
+  unsetenv("PBS_JOBID");
+  for (int round = 0; round < 2; round++) {
+    ck_assert_msg(dcomm_init(NULL, NULL) == 0, "round %d: %s", round, dcomm_last_error());
+    ck_assert_int_eq(dcomm_rank(), 0);
+    ck_assert_int_eq(dcomm_world_size(), 1);
+    ck_assert_int_eq(dcomm_local_world_size(), 1);
+    int32_t x[2] = {3, 4};
+    ck_assert_int_eq(dcomm_all_reduce(x, 2, DCOMM_INT32, DCOMM_SUM, NULL), 0);
+    ck_assert(x[0] == 3 && x[1] == 4);
+    ck_assert_int_eq(dcomm_barrier(NULL), 0);
+    ck_assert_int_eq(dcomm_finalize(), 0);
+  }
+}
+END_TEST
+
 /* dcomm_set_stream is for GPU backends: tcp says so, and the usual handle
  * checks apply before any backend is asked. */
 START_TEST(test_set_stream_tcp) {
@@ -239,6 +391,10 @@ int main(void) {
   tcase_add_test(tc, test_unknown_backend);
   tcase_add_test(tc, test_nccl_without_gpu);
   tcase_add_test(tc, test_singleton_tcp);
+  tcase_add_test(tc, test_singleton_noenv);
+  tcase_add_test(tc, test_method_table);
+  tcase_add_test(tc, test_returned_errors_quiet);
+  tcase_add_loop_test(tc, test_rendezvous_mistakes, 0, 2);
   tcase_add_test(tc, test_set_stream_tcp);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);

@@ -1,6 +1,7 @@
 /*
  * dcomm_info.c: the dcomm-info tool. Prints the version, the backends that
- * are built (and whether each can run here), the optional parts, and with
+ * are built (and whether each can run here), the init methods this build
+ * has (from src/init's table), the optional parts, and with
  * -e every DCOMM_* parameter with its type, default, current value and help.
  */
 #include "config.h"
@@ -10,6 +11,7 @@
 #include <string.h>
 
 #include "dcomm.h"
+#include "init_method.h"
 #include "param.h"
 #include "world.h"
 
@@ -76,6 +78,10 @@ int main(int argc, char **argv) {
   printf("backends:\n");
   print_backend("tcp");
   print_backend("nccl");
-  printf("init methods: env:// tcp:// file://\n");
+  /* From the table dcomm_init dispatches through: what this build has. */
+  printf("init methods:");
+  for (int i = 0; dcomm__init_method_info(i); i++)
+    if (dcomm__init_method_info(i)->built) printf(" %s", dcomm__init_method_info(i)->scheme);
+  printf("\n");
   return 0;
 }

@@ -107,7 +107,9 @@ static int setup_store(struct dcomm_world *w, struct dcomm_init_spec *spec) {
   file_store_path[0] = 0;
   if (spec->kind == DCOMM_IM_ETCD) return setup_etcd(w, spec, timeout);
   if (spec->rank == 0 && !spec->agent_store) {
-    int rc = dcomm__store_server_start(NULL, spec->port, w->job_id, w->token, &w->server);
+    int rc = dcomm__store_server_start(spec->singleton ? spec->host : NULL, spec->port, w->job_id, w->token,
+                                       &w->server);
+    if (rc == 0 && spec->port == 0) spec->port = dcomm__store_server_port(w->server);
     if (rc < 0)
       return dcomm__err_ctx(rc, "rank 0 cannot host the store on port %d (is %s in use?)", spec->port,
                             spec->kind == DCOMM_IM_SLURM ? "the port derived from SLURM_JOB_ID and SLURM_STEP_ID "
@@ -115,7 +117,13 @@ static int setup_store(struct dcomm_world *w, struct dcomm_init_spec *spec) {
                                                          : "MASTER_PORT");
   }
   int rc = dcomm__store_tcp_connect(spec->host, spec->port, w->job_id, w->token, ctimeout, timeout, &w->store);
-  if (rc < 0) return dcomm__err_ctx(rc, "cannot reach the store at %s:%d", spec->host, spec->port);
+  if (rc < 0 && spec->kind == DCOMM_IM_ENV && !spec->agent_store)
+    return dcomm__err_ctx(rc, "cannot reach the store at %s:%d (MASTER_ADDR:MASTER_PORT) within "
+                              "DCOMM_CONNECT_TIMEOUT=%g s: is rank 0 running, and do MASTER_ADDR and MASTER_PORT "
+                              "name its host and port on every rank?",
+                          spec->host, spec->port, ctimeout);
+  if (rc < 0) return dcomm__err_ctx(rc, "cannot reach the store at %s:%d within DCOMM_CONNECT_TIMEOUT=%g s",
+                                    spec->host, spec->port, ctimeout);
   if (w->elastic) { /* the watcher's own link, so it never delays calls */
     rc = dcomm__store_tcp_connect(spec->host, spec->port, w->job_id, w->token, ctimeout, timeout, &w->estore);
     if (rc < 0) return dcomm__err_ctx(rc, "cannot reach the store at %s:%d", spec->host, spec->port);
@@ -158,6 +166,48 @@ static void teardown(struct dcomm_world *w) {
   w->shrink_failed = 0;
 }
 
+/* The names of the world size and the store address in messages. */
+static const char *size_var(const struct dcomm_init_spec *spec) {
+  return spec->kind == DCOMM_IM_ENV ? "WORLD_SIZE" : "the world size (WORLD_SIZE or ?world_size=)";
+}
+
+/* Before the world is wired, every rank publishes the world size it was
+ * told; rank 0 reads every other rank's and each other rank reads rank
+ * 0's, so a disagreement fails both sides at once, naming both values,
+ * and a rank that never reaches the store fails rank 0 within
+ * DCOMM_CONNECT_TIMEOUT instead of the operation timeout. */
+static int check_world_size(struct dcomm_world *w, const struct dcomm_init_spec *spec) {
+  double ct = dcomm__param_double(DCOMM_P_CONNECT_TIMEOUT), until = dcomm__now() + ct;
+  char key[64], mine[16];
+  snprintf(mine, sizeof(mine), "%d", w->size);
+  char own[64];
+  snprintf(own, sizeof(own), "g0/init/size/%d", w->rank);
+  /* Rank 0 publishes first; any other rank only after it read rank 0's
+   * value, so rank 0 (which then fails and stops the store) cannot leave
+   * it without the answer. */
+  if (w->rank == 0) DCOMM_CHECK(dcomm__store_set(w->jstore, own, mine, strlen(mine) + 1));
+  for (int r = w->rank == 0 ? 1 : 0; r < (w->rank == 0 ? w->size : 1); r++) {
+    void *val = NULL;
+    size_t len = 0;
+    double left = until - dcomm__now();
+    snprintf(key, sizeof(key), "g0/init/size/%d", r);
+    int rc = dcomm__store_get(w->jstore, key, left > 0.001 ? left : 0.001, &val, &len);
+    if (rc == DCOMM_ETIMEDOUT)
+      return dcomm__err(rc, "world rank %d never reached the store within DCOMM_CONNECT_TIMEOUT=%g s: did it start, "
+                            "and does its MASTER_ADDR:MASTER_PORT (or init URL) name this store (%s:%d)?",
+                        r, ct, spec->host, spec->port);
+    if (rc < 0) return dcomm__err_ctx(rc, "reading world rank %d's world size from the store", r);
+    long theirs = len && ((char *)val)[len - 1] == 0 ? strtol(val, NULL, 10) : -1;
+    free(val);
+    if (w->rank != 0) DCOMM_CHECK(dcomm__store_set(w->jstore, own, mine, strlen(mine) + 1));
+    if (theirs != w->size)
+      return dcomm__err(DCOMM_EINVAL, "%s disagrees between ranks: this rank (%d) was told %d, world rank %d was "
+                                      "told %ld; give every rank the same value",
+                        size_var(spec), w->rank, w->size, r, theirs);
+  }
+  return 0;
+}
+
 /* Through this thread's own store link, never the watcher's: the watcher
  * holds its link for a whole blocking get (a heartbeat interval). */
 static int set_generation_zero(struct dcomm_world *w) {
@@ -172,6 +222,9 @@ int dcomm_init(const char *backend, const char *init_method) {
   if (w->initialized) return dcomm__err(DCOMM_EINVAL, "dcomm_init: already initialized (call dcomm_finalize first)");
   dcomm__log_setup();
   DCOMM_CHECK(dcomm__params_load());
+  /* dcomm-run asks for it: a worker's printf reaches the launcher's
+   * output line by line (live), not in blocks at exit. */
+  if (dcomm__param_bool(DCOMM_P_LINE_BUFFERED)) setvbuf(stdout, NULL, _IOLBF, 0);
   DCOMM_CHECK(dcomm__init_spec_parse(init_method, &spec));
   if (!backend || !*backend) backend = dcomm__param_str(DCOMM_P_BACKEND);
   snprintf(w->backend_name, sizeof(w->backend_name), "%s", backend);
@@ -213,15 +266,18 @@ int dcomm_init(const char *backend, const char *init_method) {
   /* The watcher starts first so that a joiner heartbeats while it waits. */
   if (w->elastic && (rc = dcomm__elastic_start(w)) < 0) goto fail;
   if (w->elastic && spec.join && (rc = dcomm__elastic_join(w)) < 0) goto fail;
+  if (!spec.join && w->size > 1 && (rc = check_world_size(w, &spec)) < 0) goto fail;
   if ((rc = dcomm__world_build(w)) < 0) goto fail;
   /* A world started from the launch ranks is generation 0: recovery rounds
    * must not take their first round for the job's first rendezvous. */
   if (w->elastic && !spec.join && w->rank == 0 && (rc = set_generation_zero(w)) < 0) goto fail;
+  if (spec.singleton)
+    DCOMM_LOG(INFO, INIT, "no launcher and no MASTER_ADDR/RANK/WORLD_SIZE: running as a world of one");
   DCOMM_LOG(INFO, INIT, "initialized: rank %d of %d (local %d of %d), backend %s, job %s, generation %ld, %.3f s",
             w->rank, w->size, w->local_rank, w->local_size, w->be->name, w->job_id, w->generation, dcomm__now() - t0);
   return 0;
 fail:
-  DCOMM_LOG(WARN, INIT, "dcomm_init failed: %s", dcomm_last_error());
+  DCOMM_LOG(INFO, INIT, "dcomm_init failed: %s", dcomm_last_error()); /* the caller gets it */
   {
     char saved[1024];
     snprintf(saved, sizeof(saved), "%s", dcomm_last_error());

@@ -92,18 +92,24 @@ static int finish(struct dcomm_init_spec *s, const char *src) {
 
 static int parse_hostport(struct dcomm_init_spec *s, const char *hp, size_t hl, const char *what);
 
+/* What env:// users are told to do when a variable is missing. */
+#define ENV_HINT                                                                                                      \
+  " (set MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE on every rank, or start the program with "                    \
+  "dcomm-run --nproc-per-node N, which sets them)"
+
 static int parse_env(struct dcomm_init_spec *s) {
   int present;
   const char *addr = getenv("MASTER_ADDR"), *port = getenv("MASTER_PORT");
-  if (!addr || !*addr) return dcomm__err(DCOMM_EINVAL, "env:// needs MASTER_ADDR (the store host), which is not set");
-  if (!port || !*port) return dcomm__err(DCOMM_EINVAL, "env:// needs MASTER_PORT, which is not set");
+  if (!addr || !*addr)
+    return dcomm__err(DCOMM_EINVAL, "env:// needs MASTER_ADDR (the store host), which is not set" ENV_HINT);
+  if (!port || !*port) return dcomm__err(DCOMM_EINVAL, "env:// needs MASTER_PORT, which is not set" ENV_HINT);
   if (strlen(addr) >= sizeof(s->host)) return dcomm__err(DCOMM_EINVAL, "MASTER_ADDR is too long");
   snprintf(s->host, sizeof(s->host), "%s", addr);
   DCOMM_CHECK(parse_port(port, "MASTER_PORT", &s->port));
   DCOMM_CHECK(env_int("RANK", &s->rank, &present));
-  if (!present) return dcomm__err(DCOMM_EINVAL, "env:// needs RANK, which is not set");
+  if (!present) return dcomm__err(DCOMM_EINVAL, "env:// needs RANK, which is not set" ENV_HINT);
   DCOMM_CHECK(env_int("WORLD_SIZE", &s->world_size, &present));
-  if (!present) return dcomm__err(DCOMM_EINVAL, "env:// needs WORLD_SIZE, which is not set");
+  if (!present) return dcomm__err(DCOMM_EINVAL, "env:// needs WORLD_SIZE, which is not set" ENV_HINT);
   DCOMM_CHECK(finish(s, "env://"));
   /* dcomm-run keeps MASTER_PORT free for the program's own use (torch's
    * store) and names its store here. */
@@ -248,43 +254,119 @@ static const char *detect(void) {
   return NULL;
 }
 
+static int parse_env_url(struct dcomm_init_spec *s, const char *url) {
+  (void)url;
+  return parse_env(s);
+}
+
+/* pmix://: the facts come from PMIx in setup_store. */
+static int parse_pmix(struct dcomm_init_spec *s, const char *url) {
+  (void)s;
+  (void)url;
+  return 0;
+}
+
+static int parse_slurm_url(struct dcomm_init_spec *s, const char *url) {
+  (void)url;
+  return parse_slurm(s);
+}
+
+#ifdef DCOMM_HAVE_PMIX
+#define HAVE_PMIX_BUILT 1
+#else
+#define HAVE_PMIX_BUILT 0
+#endif
+#ifdef DCOMM_HAVE_ETCD
+#define HAVE_ETCD_BUILT 1
+#else
+#define HAVE_ETCD_BUILT 0
+#endif
+
+/* The one table of init methods: dcomm_init dispatches through it and
+ * dcomm-info lists the built ones from it. exact: the URL is the scheme
+ * alone (no host or query). */
+static const struct init_method {
+  struct dcomm_init_method_info info;
+  int exact;
+  int (*parse)(struct dcomm_init_spec *, const char *);
+} methods[] = {
+    {{"env://", DCOMM_IM_ENV, 1, "MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (torchrun, dcomm-run)"}, 0, parse_env_url},
+    {{"tcp://", DCOMM_IM_TCP, 1, "tcp://host:port?rank=R&world_size=N"}, 0, parse_tcp},
+    {{"file://", DCOMM_IM_FILE, 1, "file:///shared/path?rank=R&world_size=N"}, 0, parse_file},
+    {{"pmix://", DCOMM_IM_PMIX, HAVE_PMIX_BUILT, "a PMIx server (mpirun, prterun, srun --mpi=pmix)"}, 1, parse_pmix},
+    {{"slurm://", DCOMM_IM_SLURM, 1, "srun's SLURM_* variables"}, 1, parse_slurm_url},
+    {{"etcd://", DCOMM_IM_ETCD, HAVE_ETCD_BUILT, "etcd://host:port[,host:port...] (dcomm-run --rdzv-backend etcd)"}, 0,
+     parse_etcd},
+};
+
+const struct dcomm_init_method_info *dcomm__init_method_info(int i) {
+  if (i < 0 || (size_t)i >= sizeof(methods) / sizeof(methods[0])) return NULL;
+  return &methods[i].info;
+}
+
+/* "env://, tcp://, ... or etcd://": the schemes this build has. */
+static void built_list(char *buf, size_t len) {
+  size_t n = 0, built = 0, k = 0;
+  buf[0] = 0;
+  for (size_t i = 0; i < sizeof(methods) / sizeof(methods[0]); i++) built += (size_t)methods[i].info.built;
+  for (size_t i = 0; i < sizeof(methods) / sizeof(methods[0]) && n < len; i++) {
+    if (!methods[i].info.built) continue;
+    k++;
+    n += (size_t)snprintf(buf + n, len - n, "%s%s", k == 1 ? "" : k == built ? " or " : ", ", methods[i].info.scheme);
+  }
+}
+
 int dcomm__init_spec_parse(const char *url, struct dcomm_init_spec *out) {
+  char list[128];
   memset(out, 0, sizeof(*out));
   if (!url || !*url) url = dcomm__param_str(DCOMM_P_INIT_METHOD);
   if (!url || !*url) url = detect();
+  built_list(list, sizeof(list));
+  if (!url) {
+    /* torchrun's variables, some set: name the missing ones. */
+    static const char *const vars[] = {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                       "LOCAL_WORLD_SIZE"};
+    char set[128] = "", unset[128] = "";
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+      char *b = env_set(vars[i]) ? set : unset;
+      if (i >= 4 && b == unset) continue; /* LOCAL_* are optional */
+      snprintf(b + strlen(b), 128 - strlen(b), "%s%s", *b ? ", " : "", vars[i]);
+    }
+    if (*set)
+      return dcomm__err(DCOMM_EINVAL, "no init method: %s %s set but %s %s not; set all of MASTER_ADDR, MASTER_PORT, "
+                                      "RANK and WORLD_SIZE (env://), or start the program with dcomm-run "
+                                      "--nproc-per-node N (which sets them), mpirun or srun",
+                        set, strchr(set, ',') ? "are" : "is", unset, strchr(unset, ',') ? "are" : "is");
+  }
+  if (!url && !dcomm__pbs_detect()) {
+    /* Started alone, nothing set: a world of one, as an MPI singleton
+     * (its store on an ephemeral loopback port). */
+    out->kind = DCOMM_IM_TCP;
+    out->singleton = 1;
+    snprintf(out->host, sizeof(out->host), "127.0.0.1");
+    out->port = 0;
+    out->rank = out->local_rank = 0;
+    out->world_size = out->local_size = 1;
+    return 0;
+  }
   if (!url) {
     if (dcomm__pbs_detect())
       return dcomm__err(DCOMM_EINVAL, "no init method under PBS (PBS_JOBID is set): start the ranks with mpirun "
                                       "(pmix://) or set MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE (env://)");
     return dcomm__err(DCOMM_EINVAL,
-                      "no init method: pass one (env://, tcp://host:port?rank=R&world_size=N, file:///path?..., "
-                      "pmix://, slurm://), start under mpirun or srun, or set MASTER_ADDR, MASTER_PORT, RANK and "
-                      "WORLD_SIZE");
+                      "no init method: pass one (%s), start under dcomm-run, mpirun or srun, or set MASTER_ADDR, "
+                      "MASTER_PORT, RANK and WORLD_SIZE",
+                      list);
   }
-  if (!strncmp(url, "env://", 6)) {
-    out->kind = DCOMM_IM_ENV;
-    return parse_env(out);
+  for (size_t i = 0; i < sizeof(methods) / sizeof(methods[0]); i++) {
+    const struct init_method *m = &methods[i];
+    size_t sl = strlen(m->info.scheme);
+    if (m->exact ? strcmp(url, m->info.scheme) : strncmp(url, m->info.scheme, sl)) continue;
+    if (!m->info.built)
+      return dcomm__err(DCOMM_EINVAL, "init method '%s': this dcomm is built without %s support (this build has %s)",
+                        url, m->info.kind == DCOMM_IM_PMIX ? "PMIx" : "etcd (libcurl, jansson)", list);
+    out->kind = m->info.kind;
+    return m->parse(out, url);
   }
-  if (!strncmp(url, "tcp://", 6)) {
-    out->kind = DCOMM_IM_TCP;
-    return parse_tcp(out, url);
-  }
-  if (!strncmp(url, "file://", 7)) {
-    out->kind = DCOMM_IM_FILE;
-    return parse_file(out, url);
-  }
-  if (!strcmp(url, "pmix://")) {
-    out->kind = DCOMM_IM_PMIX; /* the facts come from PMIx in setup_store */
-    return 0;
-  }
-  if (!strcmp(url, "slurm://")) {
-    out->kind = DCOMM_IM_SLURM;
-    return parse_slurm(out);
-  }
-  if (!strncmp(url, "etcd://", 7)) {
-    out->kind = DCOMM_IM_ETCD;
-    return parse_etcd(out, url);
-  }
-  return dcomm__err(DCOMM_EINVAL,
-                    "unknown init method '%s' (expected env://, tcp://, file://, pmix://, slurm:// or etcd://)", url);
+  return dcomm__err(DCOMM_EINVAL, "unknown init method '%s' (expected %s)", url, list);
 }

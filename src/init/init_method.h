@@ -22,12 +22,26 @@ struct dcomm_init_spec {
   char path[1024]; /* file:// path; etcd://: the endpoint list */
   int agent_store; /* 1: a launcher hosts the store; rank 0 starts none */
   int join;        /* 1: the rank comes from the next generation's plan */
+  int singleton;   /* 1: no launcher, nothing set: a world of one, store on 127.0.0.1:any */
 };
+
+/* The init methods, from the table dcomm_init dispatches through: i from
+ * 0 until NULL. built: 0 when this build lacks the library it needs. */
+struct dcomm_init_method_info {
+  const char *scheme; /* "env://" */
+  enum dcomm_init_kind kind;
+  int built;
+  const char *what; /* where the facts come from, for dcomm-info */
+};
+const struct dcomm_init_method_info *dcomm__init_method_info(int i);
 
 /* url NULL or "": DCOMM_INIT_METHOD, else detected: env:// when MASTER_ADDR,
  * RANK and WORLD_SIZE are all set (a torchrun-style launcher, also inside
  * a SLURM or PMIx job), else pmix:// under a PMIx server, else slurm://
- * when SLURM_PROCID is set, else env:// when MASTER_ADDR is set. */
+ * when SLURM_PROCID is set, else env:// when MASTER_ADDR is set. Nothing
+ * set at all (no launcher): a world of one (spec->singleton); some of
+ * torchrun's variables set but not MASTER_ADDR: DCOMM_EINVAL naming the
+ * missing ones. */
 int dcomm__init_spec_parse(const char *url, struct dcomm_init_spec *out);
 
 #endif
