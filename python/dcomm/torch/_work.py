@@ -9,6 +9,11 @@ message arrives (from its peer, or from any peer for recv_anysource), in
 posting order; meanwhile later operations run, so an irecv posted before
 the matching isend of the same rank never deadlocks.
 
+A thread that waits for an operation that is next in line while nothing
+runs (a synchronous call: dist.all_reduce without async_op) runs it itself
+instead of waking the executor and being woken back: two thread wake-ups
+less per call, the order unchanged (run_if_next).
+
 Work is what the group's calls return: wait() raises the dcomm.Error of a
 failed operation (its real class: PeerLost, Mismatch, ...), get_future()
 gives a torch Future whose value is the list of output tensors and which
@@ -42,8 +47,9 @@ def _unwrap(fut):
 class Work(_CWork):
     """The handle of one posted operation."""
 
-    def __init__(self, outputs, what):
+    def __init__(self, outputs, what, executor=None):
         super().__init__()
+        self._executor = executor  # for wait(): run the op here when it is next and nobody runs one
         self._outputs = outputs
         self._what = what
         self._done = threading.Event()
@@ -73,6 +79,8 @@ class Work(_CWork):
             secs = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
             if secs <= 0:
                 secs = None
+        if not self._done.is_set() and self._executor is not None:
+            self._executor.run_if_next(self)
         if not self._done.wait(secs):
             raise TimedOut(-3, f"{self._what}: not done within {secs} s (Work.wait timeout)")
         self._release()
@@ -133,19 +141,44 @@ class Executor:
         self._recvs = []
         self._cv = threading.Condition()
         self._stopping = False
-        self._busy = False
+        self._run_lock = threading.Lock()  # held while one of the group's calls runs, by any thread
         self._thread = threading.Thread(target=self._loop, name=f"dcomm-{label}", daemon=True)
         self._thread.start()
 
     def submit(self, fn, outputs, what):
         """Queues fn() (raising a dcomm.Error on failure) and returns its Work."""
-        w = Work(outputs, what)
+        w = Work(outputs, what, self)
         self._put((fn, w))
         return w
 
+    def run_if_next(self, work):
+        """Called by a thread about to wait for work: when work's operation is the next one
+        and no operation is running, that thread runs it itself (the executor thread would
+        only add two thread wake-ups to a synchronous call). Order is kept: whoever holds
+        the run lock runs the head of the queue."""
+        if not self._run_lock.acquire(blocking=False):
+            return
+        try:
+            with self._cv:
+                head = self._q[0] if self._q else None
+                if not isinstance(head, tuple) or head[1] is not work or self._stopping:
+                    return
+                fn, w = self._q.popleft()
+            self._run(fn, w)
+        finally:
+            self._run_lock.release()
+
+    @staticmethod
+    def _run(fn, w):
+        try:
+            fn()
+            w._finish()
+        except BaseException as e:  # every failure reaches the Work
+            w._finish(e)
+
     def submit_recv(self, peer, tag, run, outputs, what):
         """Queues a receive: run(src) takes the message from src once dcomm_probe saw it."""
-        w = Work(outputs, what)
+        w = Work(outputs, what)  # never run by a waiter: it waits for its message
         self._put(_Recv(peer, tag, run, w, None))
         return w
 
@@ -178,19 +211,16 @@ class Executor:
                     self._cv.wait()
                 if self._stopping:
                     return
-                item = self._q.popleft() if self._q else None
-            if isinstance(item, _Recv):
-                item.deadline = time.monotonic() + self.timeout_s
-                self._recvs.append(item)
-            elif item is not None:
-                fn, w = item
-                try:
-                    fn()
-                    w._finish()
-                except BaseException as e:  # every failure reaches the Work
-                    w._finish(e)
-            if self._recvs:
-                self._progress_recvs(wait=item is None)
+            with self._run_lock:
+                with self._cv:
+                    item = self._q.popleft() if self._q else None
+                if isinstance(item, _Recv):
+                    item.deadline = time.monotonic() + self.timeout_s
+                    self._recvs.append(item)
+                elif item is not None:
+                    self._run(*item)
+                if self._recvs:
+                    self._progress_recvs(wait=item is None)
 
     def _progress_recvs(self, wait):
         if not has("dcomm_probe"):
