@@ -46,7 +46,7 @@ from torch.testing._internal.distributed.distributed_test import DistributedTest
 # find more).
 _GATES = ("Test requires backend to be one of", "Only MPI supports", "Only Gloo", "Only gloo", "GLOO ",
           "get_future is only supported", "Only Nccl & Gloo")
-_GPU_WORDS = ("CUDA", "cuda", "GPU", "gpu", "NCCL", "nccl'}")
+_GPU_WORDS = ("CUDA", "cuda", "GPU", "gpu", "NCCL", "{'nccl'}")  # a reason naming only nccl
 
 
 def _opened():
