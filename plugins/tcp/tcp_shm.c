@@ -289,8 +289,12 @@ int tcp_shm_get_hdr(struct tcp_shm *s, struct tcp_hdr *h) {
   uint64_t known = at + SLOT + (sl->body < h->len ? sl->body : h->len);
   if (known > s->tail_seen) s->tail_seen = known;
   atomic_store_explicit(&s->rx->head, at + SLOT, memory_order_release);
-  /* A payload follows: consuming it wakes a producer waiting for room. */
-  if (!h->len) wake(s, &s->rx->prod_wait);
+  /* Always wake a producer waiting for room, even when a payload follows:
+   * the producer may have written the header alone (no room for any of
+   * the payload) and be asleep until the header's slot is free; waiting
+   * for the payload's consumption then deadlocked both sides (a rare hang
+   * of 4 ranks on 2 cores). wake() costs one load when nobody sleeps. */
+  wake(s, &s->rx->prod_wait);
   return 1;
 }
 
