@@ -5,7 +5,8 @@
  * extra collective on a sub-group (even / odd world ranks), and checkpoints
  * every K steps. Run it under dcomm-run; --kill-rank R --kill-at-step S
  * makes that rank SIGKILL itself once, to show the job going on
- * (--kill-in-save 1: inside rank 0's checkpoint save of that step;
+ * (several ranks, "1,3", die together, right after that step's all_reduce;
+ * --kill-in-save 1: inside rank 0's checkpoint save of that step;
  * --kill-in-recovery R: rank R of the rebuilt world dies during recovery).
  * The kills happen in the first life of the job only: generation 0 with
  * DCOMM_RESTART_COUNT unset or 0 (a batch script that reruns the job sets
@@ -98,7 +99,11 @@ static void maybe_die(struct app *a, uint64_t step, const char *where) {
 static int step_fn(uint64_t step, void *user) {
   struct app *a = user;
   int rank = dcomm_rank(), size = dcomm_world_size();
-  if (!a->kill_in_save) maybe_die(a, step, "--kill-rank");
+  /* Several ranks marked die together: after the step's world all_reduce,
+   * which every rank reaches, so none of them is still finishing the step
+   * before when the first death revokes the generation. */
+  int together = strchr(a->kill_ranks, ',') != NULL;
+  if (!a->kill_in_save && !together) maybe_die(a, step, "--kill-rank");
   if (a->sleep_ms > 0) usleep((useconds_t)a->sleep_ms * 1000);
   if (a->slow_rank == rank && (long)step == a->kill_at && first_life()) usleep((useconds_t)a->slow_ms * 1000);
   /* This rank's share of the step's batch. */
@@ -115,6 +120,7 @@ static int step_fn(uint64_t step, void *user) {
   }
   int rc = dcomm_all_reduce(g, DIM + 2, DCOMM_FLOAT64, DCOMM_SUM, NULL);
   if (rc < 0) return rc;
+  if (!a->kill_in_save && together) maybe_die(a, step, "--kill-rank, together");
   if (g[DIM + 1] != BATCH) {
     fprintf(stderr, "rank %d: the batch was not covered (%g samples)\n", rank, g[DIM + 1]);
     return DCOMM_EINVAL;
