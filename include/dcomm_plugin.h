@@ -115,6 +115,14 @@ struct dcomm_host {
   int (*hs_server)(int fd, double deadline, uint32_t *purpose, void *hello, size_t *hello_len);
   int (*hs_client)(int fd, uint32_t purpose, const void *hello, size_t hello_len, double deadline);
   int log_subsys; /* the subsystem id of this backend's log lines */
+  /* Added after the first release: present when size covers it. An
+   * all-gather through the store among n members in O(n) store requests:
+   * every member calls it with the same prefix, unique to the exchange,
+   * and its own value; *all (free()d by the caller) is n + 1 uint64_t
+   * offsets followed by the values, member r's being the bytes
+   * [off[r], off[r+1]) of *all. */
+  int (*store_allgather)(void *store, const char *prefix, int rank, int n, const void *mine, size_t len,
+                         double timeout, void **all, size_t *alllen);
 };
 
 struct dcomm_backend_v1 {

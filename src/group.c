@@ -219,25 +219,28 @@ static int cmp_split(const void *a, const void *b) {
   return x->parent_rank < y->parent_rank ? -1 : x->parent_rank > y->parent_rank;
 }
 
-/* Every member of p publishes (color, key) and reads everyone's. */
+/* Every member of p publishes (color, key) and reads everyone's, in one
+ * all-gather through the store (O(size) store requests in all). */
 static int split_exchange(struct dcomm_group *p, int32_t color, int32_t key, int32_t *all) {
   char k[96];
   int32_t mine[2] = {color, key};
-  snprintf(k, sizeof(k), "split/%016llx/%llu/%d", (unsigned long long)p->id, (unsigned long long)p->splits, p->rank);
-  DCOMM_CHECK(dcomm__store_set(dcomm__w.store, k, mine, sizeof(mine)));
+  snprintf(k, sizeof(k), "split/%016llx/%llu", (unsigned long long)p->id, (unsigned long long)p->splits);
+  void *got = NULL;
+  size_t glen = 0;
+  int rc = dcomm__store_allgather(dcomm__w.store, k, p->rank, p->size, mine, sizeof(mine), p->timeout, &got, &glen);
+  if (rc < 0) return dcomm__err_ctx(rc, "dcomm_group_split on %s: a member never called split", p->label);
+  const uint64_t *off = got;
   for (int r = 0; r < p->size; r++) {
-    void *val = NULL;
-    size_t len = 0;
-    snprintf(k, sizeof(k), "split/%016llx/%llu/%d", (unsigned long long)p->id, (unsigned long long)p->splits, r);
-    int rc = dcomm__store_get(dcomm__w.store, k, p->timeout, &val, &len);
-    if (rc < 0) return dcomm__err_ctx(rc, "dcomm_group_split: rank %d of %s never called split", r, p->label);
-    if (len != sizeof(mine)) {
-      free(val);
+    uint64_t a, b;
+    memcpy(&a, off + r, sizeof(a));
+    memcpy(&b, off + r + 1, sizeof(b));
+    if (b - a != sizeof(mine)) {
+      free(got);
       return dcomm__err(DCOMM_EPROTO, "dcomm_group_split: malformed entry of rank %d", r);
     }
-    memcpy(all + 2 * r, val, sizeof(mine));
-    free(val);
+    memcpy(all + 2 * r, (const char *)got + a, sizeof(mine));
   }
+  free(got);
   return 0;
 }
 

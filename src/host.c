@@ -44,6 +44,11 @@ static int host_store_get(void *s, const char *key, double timeout, void **val, 
   return dcomm__store_get(s, key, timeout, val, len);
 }
 
+static int host_store_allgather(void *s, const char *prefix, int rank, int n, const void *mine, size_t len,
+                                double timeout, void **all, size_t *alllen) {
+  return dcomm__store_allgather(s, prefix, rank, n, mine, len, timeout, all, alllen);
+}
+
 static int host_hs_server(int fd, double deadline, uint32_t *purpose, void *hello, size_t *hello_len) {
   struct dcomm_hs_peer peer;
   DCOMM_CHECK(dcomm__hs_server(fd, dcomm__w.job_id, dcomm__w.token, deadline, &peer));
@@ -95,6 +100,7 @@ void dcomm__host_fill(struct dcomm_world *w) {
   h->parse_bool = dcomm__parse_bool;
   h->store_set = host_store_set;
   h->store_get = host_store_get;
+  h->store_allgather = host_store_allgather;
   h->reduce = dcomm__reduce;
   h->scale_div = dcomm__scale_div;
   h->dtype_name = dcomm__dtype_name;

@@ -207,12 +207,16 @@ END_TEST
 static int stranger(const char *job) {
   void *val = NULL;
   size_t len = 0;
-  if (dcomm__store_get(dcomm__w.store, "tcp/addr/0", 5, &val, &len) < 0) return -1;
+  /* Rank 0's entry of the world's address directory (tcp_conn.c). */
+  if (dcomm__store_get(dcomm__w.store, "tcp/addr/all", 5, &val, &len) < 0) return -1;
+  uint64_t off0;
+  memcpy(&off0, val, sizeof(off0));
+  char *entry = (char *)val + off0;
   char host[80];
   int port = 0;
-  char *colon = strrchr((char *)val, ':');
+  char *colon = strrchr(entry, ':');
   *colon = 0;
-  snprintf(host, sizeof(host), "%s", (char *)val);
+  snprintf(host, sizeof(host), "%s", entry);
   port = atoi(colon + 1);
   free(val);
   int fd;

@@ -592,6 +592,78 @@ START_TEST(conf_concurrent_add) {
 }
 END_TEST
 
+/* ---- all-gather: n members, each its own handle and thread ---- */
+
+struct gatherer {
+  const struct store_factory *f;
+  int rank, n, rc;
+  void *all;
+  size_t len;
+};
+
+static void *gatherer_main(void *arg) {
+  struct gatherer *g = arg;
+  struct dcomm_store *s = NULL;
+  int rc = g->f->open(10.0, &s);
+  /* Member r's value: r + 1 bytes of 'a' + r (member 0's is one byte). */
+  char mine[32];
+  memset(mine, 'a' + g->rank, sizeof(mine));
+  if (rc == 0) rc = dcomm__store_allgather(s, "ag/x", g->rank, g->n, mine, (size_t)g->rank + 1, 10.0, &g->all, &g->len);
+  if (s) dcomm__store_close(s);
+  g->rc = rc;
+  return NULL;
+}
+
+START_TEST(conf_allgather) {
+  const struct store_factory *f = FACTORY;
+  enum { N = 12 };
+  pthread_t th[N];
+  struct gatherer g[N];
+  /* Started last-first: member 0 waits for the others' values. */
+  for (int i = N - 1; i >= 0; i--) {
+    g[i] = (struct gatherer){.f = f, .rank = i, .n = N};
+    ck_assert_int_eq(pthread_create(&th[i], NULL, gatherer_main, &g[i]), 0);
+  }
+  for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < N; i++) {
+    ck_assert_msg(g[i].rc == 0, "member %d: %d (%s)", i, g[i].rc, dcomm_last_error());
+    /* Every member has the same gathered value, in rank order. */
+    ck_assert_uint_eq(g[i].len, g[0].len);
+    ck_assert_int_eq(memcmp(g[i].all, g[0].all, g[0].len), 0);
+  }
+  const uint64_t *off = g[0].all;
+  for (int r = 0; r < N; r++) {
+    ck_assert_uint_eq(off[r + 1] - off[r], (uint64_t)r + 1);
+    for (int k = 0; k <= r; k++) ck_assert_int_eq(((const char *)g[0].all)[off[r] + (uint64_t)k], 'a' + r);
+  }
+  ck_assert_uint_eq(off[N], g[0].len);
+  for (int i = 0; i < N; i++) free(g[i].all);
+  /* Member 0 removed the per-member keys; the gathered value stays. */
+  struct dcomm_store *s = conf_open(f, NULL, 0.2);
+  expect_absent(s, "ag/x/3");
+  void *v = NULL;
+  size_t vl = 0;
+  ok(dcomm__store_get(s, "ag/x/all", 0.2, &v, &vl));
+  ck_assert_uint_eq(vl, g[0].len);
+  free(v);
+  /* A member that never comes: the others time out with its name. */
+  void *all = NULL;
+  size_t len = 0;
+  int rc = dcomm__store_allgather(s, "ag/y", 0, 2, "z", 1, 0.3, &all, &len);
+  ck_assert_int_eq(rc, DCOMM_ETIMEDOUT);
+  ck_assert_ptr_nonnull(strstr(dcomm_last_error(), "member 1 of 2 never published"));
+  rc = dcomm__store_allgather(s, "ag/z", 1, 2, "z", 1, 0.3, &all, &len);
+  ck_assert_int_eq(rc, DCOMM_ETIMEDOUT);
+  ck_assert_ptr_nonnull(strstr(dcomm_last_error(), "member 0 of 2 never published"));
+  /* A malformed gathered value is refused, not indexed. */
+  ok(dcomm__store_set(s, "ag/w/all", "\x01\x02\x03", 3));
+  rc = dcomm__store_allgather(s, "ag/w", 1, 2, "z", 1, 0.3, &all, &len);
+  ck_assert_int_eq(rc, DCOMM_EPROTO);
+  ck_assert_ptr_null(all);
+  dcomm__store_close(s);
+}
+END_TEST
+
 /* ---- guarded writes (txn) ---- */
 
 START_TEST(conf_txn_kinds) {
@@ -1111,7 +1183,7 @@ END_TEST
 
 #define CASES                                                                                               \
   conf_basic, conf_compare_set, conf_wait, conf_get_timeout, conf_get_released, conf_validation_and_prefix, \
-      conf_view, conf_max_value, conf_concurrent_add, conf_txn_kinds, conf_txn_all_or_nothing,               \
+      conf_view, conf_max_value, conf_concurrent_add, conf_allgather, conf_txn_kinds, conf_txn_all_or_nothing,               \
       conf_txn_prefix, conf_txn_empty_value, conf_txn_validation, conf_txn_releases_get, conf_txn_race,      \
       conf_txn_race_processes
 

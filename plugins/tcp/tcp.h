@@ -13,6 +13,7 @@
 #ifndef DCOMM_TCP_H
 #define DCOMM_TCP_H
 
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -134,6 +135,9 @@ struct tcp_comm {
   void *tmp;           /* scratch for algorithms */
   void *cma_stage;     /* chunk-sized buffer for reducing single-copy reads */
   char *recv_mark;     /* size entries: peers with a pending receive (engine) */
+  struct pollfd *pf;   /* the engine's poll set and what each entry is for, */
+  int *pf_who;         /* grown to the largest set used (no fixed cap) */
+  int pf_cap;
   int nshm;            /* links in shared memory */
   uint64_t uq_serial;  /* unexpected messages completed so far (arrival order) */
   size_t tmp_cap;

@@ -131,6 +131,8 @@ static void comm_free(struct tcp_comm *c) {
   free(c->cma_stage);
   free(c->world_ranks);
   free(c->recv_mark);
+  free(c->pf);
+  free(c->pf_who);
   pthread_mutex_destroy(&c->qlock);
   pthread_cond_destroy(&c->qcond);
   free(c);

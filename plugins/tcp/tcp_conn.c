@@ -1,11 +1,11 @@
 /*
  * tcp_conn.c: the links of the tcp backend. Each process listens on one
- * port and publishes "ip:port" in the store; a communicator is a full mesh
- * in which the higher rank connects to the lower one and opens with the
- * authenticated handshake, naming the communicator and its rank. A link for
- * a communicator this process has not created yet is parked until it is.
- * Each process also publishes its host identity; when both ends of a link
- * are on one host, the connecting side offers a shared-memory segment in
+ * port; the world's ranks gather "ip:port" and host identity into one
+ * directory through the store (host->store_allgather). A communicator is a
+ * full mesh in which the higher rank connects to the lower one and opens
+ * with the authenticated handshake, naming the communicator and its rank.
+ * A link for a communicator this process has not created yet is parked
+ * until it is. When both ends of a link are on one host, the connecting side offers a shared-memory segment in
  * its hello, and the accepting side maps it and answers yes or no
  * (tcp_shm.c).
  */
@@ -19,6 +19,10 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+/* Listen backlog: a rank of a large world may be connected to by many
+ * peers at once (the kernel caps it at net.core.somaxconn). */
+#define SOMAXCONN_WANTED 4096
 
 struct hello {
   uint64_t comm_id;
@@ -35,50 +39,70 @@ struct shm_answer {
   int32_t ok;
 };
 
-int tcp_listen_and_publish(struct tcp_ctx *ctx) {
+/* This process's directory entry: "ip:port" NUL host-id NUL. */
+static int own_entry(struct tcp_ctx *ctx, char *val, size_t *len) {
   const struct dcomm_host *h = ctx->host;
-  TCP_CHECK(h->sock_listen(h->listen_ip, 0, 1024, &ctx->lfd, &ctx->port));
-  char key[64], val[sizeof(struct tcp_addr)];
-  snprintf(key, sizeof(key), "tcp/addr/%d", h->world_rank);
   if (strchr(h->listen_ip, ':')) snprintf(val, 80, "[%s]:%d", h->listen_ip, ctx->port);
   else snprintf(val, 80, "%s:%d", h->listen_ip, ctx->port);
-  TCP_LOG(ctx, INFO, "listening for peers on %s (host %s)", val, ctx->host_id);
-  /* "ip:port" NUL host-id NUL */
   size_t al = strlen(val) + 1, hl = strlen(ctx->host_id) + 1;
   memcpy(val + al, ctx->host_id, hl);
-  return h->store_set(h->store, key, val, al + hl);
+  *len = al + hl;
+  return 0;
 }
 
-/* Loads every world rank's address once (the world comm's creation). */
+/* Listens on one port for the links of every communicator; the address
+ * goes into the world's directory when the first communicator loads it. */
+int tcp_listen_and_publish(struct tcp_ctx *ctx) {
+  const struct dcomm_host *h = ctx->host;
+  TCP_CHECK(h->sock_listen(h->listen_ip, 0, SOMAXCONN_WANTED, &ctx->lfd, &ctx->port));
+  char val[sizeof(struct tcp_addr)];
+  size_t len;
+  TCP_CHECK(own_entry(ctx, val, &len));
+  TCP_LOG(ctx, INFO, "listening for peers on %s (host %s)", val, ctx->host_id);
+  return 0;
+}
+
+/* Loads every world rank's address once (the world comm's creation), as
+ * one directory gathered through the store: O(n) store requests for the
+ * whole world, where fetching each rank's key would cost n per rank. */
 static int load_addrs(struct tcp_ctx *ctx, double deadline) {
   const struct dcomm_host *h = ctx->host;
   if (ctx->addrs) return 0;
+  char mine[sizeof(struct tcp_addr)];
+  size_t mlen = 0;
+  TCP_CHECK(own_entry(ctx, mine, &mlen));
+  void *all = NULL;
+  size_t alen = 0;
+  double left = deadline - h->now();
+  int rc = h->store_allgather(h->store, "tcp/addr", h->world_rank, h->world_size, mine, mlen,
+                              left > 0 ? left : 0.001, &all, &alen);
+  if (rc < 0)
+    return h->err(rc, "tcp: the address directory of the world's %d ranks was not complete in time (%s): did every "
+                      "rank start?",
+                  h->world_size, rc == DCOMM_ETIMEDOUT ? "timed out" : "store error");
   ctx->addrs = calloc((size_t)h->world_size, sizeof(*ctx->addrs));
-  if (!ctx->addrs) return h->err(DCOMM_ENOMEM, "tcp: out of memory");
+  if (!ctx->addrs) {
+    free(all);
+    return h->err(DCOMM_ENOMEM, "tcp: out of memory");
+  }
+  const uint64_t *off = all;
   for (int r = 0; r < h->world_size; r++) {
-    char key[64];
-    void *val = NULL;
-    size_t len = 0;
-    snprintf(key, sizeof(key), "tcp/addr/%d", r);
-    double left = deadline - h->now();
-    int rc = h->store_get(h->store, key, left > 0 ? left : 0.001, &val, &len);
-    if (rc < 0) {
-      free(ctx->addrs);
-      ctx->addrs = NULL;
-      return h->err(rc, "tcp: world rank %d never published its address (%s)", r,
-                    rc == DCOMM_ETIMEDOUT ? "timed out; did it start?" : "store error");
-    }
+    uint64_t a, b;
+    memcpy(&a, off + r, sizeof(a));
+    memcpy(&b, off + r + 1, sizeof(b));
+    const char *val = (const char *)all + a;
+    size_t len = (size_t)(b - a);
     size_t al = len ? strnlen(val, len) + 1 : 0;
-    if (len == 0 || al > sizeof(ctx->addrs[r].addr) || len - al > sizeof(ctx->addrs[r].host) || ((char *)val)[len - 1]) {
-      free(val);
+    if (len == 0 || al > sizeof(ctx->addrs[r].addr) || len - al > sizeof(ctx->addrs[r].host) || val[len - 1]) {
+      free(all);
       free(ctx->addrs);
       ctx->addrs = NULL;
       return h->err(DCOMM_EPROTO, "tcp: malformed address for world rank %d in the store", r);
     }
     memcpy(ctx->addrs[r].addr, val, al);
-    if (len > al) memcpy(ctx->addrs[r].host, (char *)val + al, len - al);
-    free(val);
+    if (len > al) memcpy(ctx->addrs[r].host, val + al, len - al);
   }
+  free(all);
   return 0;
 }
 

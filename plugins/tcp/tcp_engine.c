@@ -320,7 +320,19 @@ static int broken(struct tcp_comm *c) {
   return tcp_fail(c, err, "unused");
 }
 
-#define MAX_POLL 512
+/* Makes room for need entries in the comm's poll set: one for the abort
+ * descriptor, one per op and one per watched link, as many as the
+ * communicator has (no cap below the process's descriptor limit). */
+static int pf_reserve(struct tcp_comm *c, int need) {
+  if (need <= c->pf_cap) return 0;
+  struct pollfd *pf = realloc(c->pf, sizeof(*pf) * (size_t)need);
+  if (pf) c->pf = pf;
+  int *who = pf ? realloc(c->pf_who, sizeof(*who) * (size_t)need) : NULL;
+  if (who) c->pf_who = who;
+  if (!pf || !who) return tcp_fail(c, DCOMM_ENOMEM, "tcp: out of memory for the poll set");
+  c->pf_cap = need;
+  return 0;
+}
 
 /* Progresses one op: 1 if it moved or completed, 0 if not, <0 error. */
 static int step_op(struct tcp_comm *c, struct tcp_xop *op, const struct dcomm_coll_args *a, int *left) {
@@ -436,8 +448,9 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
     TCP_CHECK(ops[i].is_send ? progress_send(c, &ops[i], a) : progress_recv(c, &ops[i], a));
     if (ops[i].complete) left--;
   }
-  struct pollfd pf[MAX_POLL];
-  int who[MAX_POLL]; /* >= 0: op index; < 0: -(peer+1) watched */
+  TCP_CHECK(pf_reserve(c, 1 + n + c->size));
+  struct pollfd *pf = c->pf;
+  int *who = c->pf_who; /* >= 0: op index; < 0: -(peer+1) watched */
   double active = h->now(); /* when a socket last had something */
   int polled_empty = 0;
   while (left > 0) {
@@ -460,8 +473,8 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
     }
     int np = 0;
     pf[np] = (struct pollfd){.fd = c->abort_fd, .events = POLLIN};
-    who[np++] = MAX_POLL;
-    for (int i = 0; i < n && np < MAX_POLL; i++) {
+    who[np++] = n;
+    for (int i = 0; i < n; i++) {
       struct tcp_peer *p = &c->peers[ops[i].peer];
       if (ops[i].complete || (p->shm && p->closed)) continue;
       /* A shm link's socket only brings wake-ups, aborts and its end. */
@@ -469,7 +482,7 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
       pf[np] = (struct pollfd){.fd = p->fd, .events = ev};
       who[np++] = i;
     }
-    for (int r = 0; r < c->size && np < MAX_POLL; r++) {
+    for (int r = 0; r < c->size; r++) {
       struct tcp_peer *p = &c->peers[r];
       if (r == c->rank || recv_peer[r] || p->fd < 0 || p->closed || p->departed || p->watch_off) continue;
       pf[np] = (struct pollfd){.fd = p->fd, .events = POLLIN | POLLRDHUP};
@@ -625,7 +638,8 @@ int tcp_p2p_probe(struct tcp_comm *c, int peer, int tag, double deadline, int *s
     *nbytes = (size_t)q->hdr.len;
     return 1;
   }
-  struct pollfd pf[MAX_POLL];
+  TCP_CHECK(pf_reserve(c, 1 + c->size));
+  struct pollfd *pf = c->pf;
   for (;;) {
     /* Look, and on shared-memory links keep looking for DCOMM_SHM_SPIN
      * before sleeping, as the engine does. */
@@ -645,7 +659,7 @@ int tcp_p2p_probe(struct tcp_comm *c, int peer, int tag, double deadline, int *s
      * read at once. */
     int np = 0, ready = 0;
     pf[np++] = (struct pollfd){.fd = c->abort_fd, .events = POLLIN};
-    for (int r = 0; r < c->size && np < MAX_POLL; r++) {
+    for (int r = 0; r < c->size; r++) {
       struct tcp_peer *p = &c->peers[r];
       if (r == c->rank || !probe_readable(p) || (p->shm && p->closed)) continue;
       if (p->shm) ready |= tcp_shm_arm_rx(p->shm);

@@ -85,6 +85,12 @@ int dcomm__store_txn(struct dcomm_store *s, const struct dcomm_store_cmp *cmps, 
 typedef const void *(*dcomm_store_find_fn)(void *ctx, const char *key, size_t *len);
 int dcomm__store_cmps_hold(const struct dcomm_store_cmp *cmps, int ncmp, dcomm_store_find_fn find, void *ctx);
 int dcomm__store_delete(struct dcomm_store *s, const char *key, int *existed);
+/* An all-gather of one value per member among n members through the store,
+ * in O(n) requests (store_gather.c): *all (freed by the caller) holds n + 1
+ * uint64_t offsets, then the values; member r's is [off[r], off[r+1]).
+ * Every member calls it with the same prefix, unique to this exchange. */
+int dcomm__store_allgather(struct dcomm_store *s, const char *prefix, int rank, int n, const void *mine, size_t len,
+                           double timeout, void **all, size_t *alllen);
 void dcomm__store_close(struct dcomm_store *s);
 /* Sets the prefix ("" for none); at most 255 bytes. */
 int dcomm__store_set_prefix(struct dcomm_store *s, const char *prefix);

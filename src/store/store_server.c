@@ -1,14 +1,18 @@
 /*
  * store_server.c: the embedded TCP store that rank 0 (or the launcher) hosts.
  *
- * Deliberately simple: a listener thread accepts connections and starts one
- * thread per connection; one mutex guards the key map and one condition
- * variable wakes blocked GET/WAIT requests whenever a key is written. The
- * wire format is described in store_proto.h.
+ * A listener thread accepts connections and starts one thread per
+ * connection; one mutex guards the key map. A blocked GET/WAIT request
+ * waits on its connection's own condition variable, registered under the
+ * key it waits for in a table of waiters hashed by key: a write wakes only
+ * the requests waiting for the keys it wrote, so n clients waiting while n
+ * others publish cost O(n) wake-ups, not O(n^2). The wire format is
+ * described in store_proto.h.
  *
  * Shutdown: dcomm__store_server_stop sets `stopping`, shuts down every
  * connection socket (which wakes a thread blocked in the handshake or in
- * recv), broadcasts the condition variable (which wakes blocked GETs), and
+ * recv), signals every connection's condition variable (which wakes
+ * blocked GETs), and
  * writes the stop pipe (which wakes the listener and any socket wait that
  * uses it as abort descriptor). Then it joins every thread and frees all.
  *
@@ -41,6 +45,7 @@
 
 #include "auth.h"
 #include "error.h"
+#include "hash.h"
 #include "log.h"
 #include "param.h"
 #include "sock.h"
@@ -50,6 +55,11 @@
 /* Connections beyond this are closed at once rather than given a thread. */
 #define MAX_CONNS 4096
 #define CONN_STACK_SIZE (512 * 1024)
+/* Buckets of the waiter table (a power of two). */
+#define WAIT_BUCKETS 1024
+/* Backlog of the listening socket: every rank of a large job connects at
+ * once (the kernel caps it at net.core.somaxconn). */
+#define LISTEN_BACKLOG 4096
 
 /* ---- server state ---- */
 
@@ -59,6 +69,12 @@ struct conn {
   int fd; /* -1 once the connection thread has closed it */
   int done;
   pthread_t th;
+  /* While a request is blocked: the key it waits for, its place in the
+   * waiter table, and what wakes it (CLOCK_MONOTONIC). */
+  pthread_cond_t cv;
+  const char *wkey;
+  size_t wklen;
+  struct conn *wnext, **wprev;
 };
 
 struct dcomm_store_server {
@@ -67,7 +83,7 @@ struct dcomm_store_server {
   int reap_pipe[2]; /* a finished connection thread pokes the listener */
   pthread_t listener;
   pthread_mutex_t mu;
-  pthread_cond_t cv; /* CLOCK_MONOTONIC; broadcast on every write */
+  struct conn *waiters[WAIT_BUCKETS]; /* blocked requests by key hash */
   int stopping;
   int nconns;
   struct conn *conns;
@@ -228,15 +244,36 @@ static unsigned char *dup_bytes(const unsigned char *p, size_t n) {
   return d;
 }
 
-/* Waits (mutex held) until wake-up, deadline or stop. Returns 1 when the
- * client has hung up meanwhile: a blocked request then ends early instead of
- * holding its thread until a possibly very long timeout. */
-static int wait_a_while(struct conn *c, double deadline) {
+static struct conn **wait_bucket(struct dcomm_store_server *srv, const char *key, size_t klen) {
+  return &srv->waiters[dcomm__hash64(0, key, klen) & (WAIT_BUCKETS - 1)];
+}
+
+/* Wakes the requests waiting for key (mutex held). */
+static void wake_key(struct dcomm_store_server *srv, const char *key, size_t klen) {
+  for (struct conn *w = *wait_bucket(srv, key, klen); w; w = w->wnext)
+    if (w->wklen == klen && memcmp(w->wkey, key, klen) == 0) pthread_cond_signal(&w->cv);
+}
+
+/* Waits (mutex held) until key is written, the deadline, or stop. Returns 1
+ * when the client has hung up meanwhile: a blocked request then ends early
+ * instead of holding its thread until a possibly very long timeout. */
+static int wait_a_while(struct conn *c, const char *key, size_t klen, double deadline) {
   struct dcomm_store_server *srv = c->srv;
   struct timespec ts;
   double until = deadline < dcomm__now() + 1.0 ? deadline : dcomm__now() + 1.0;
   abs_time(until, &ts);
-  pthread_cond_timedwait(&srv->cv, &srv->mu, &ts);
+  struct conn **b = wait_bucket(srv, key, klen);
+  c->wkey = key;
+  c->wklen = klen;
+  c->wprev = b;
+  c->wnext = *b;
+  if (*b) (*b)->wprev = &c->wnext;
+  *b = c;
+  pthread_cond_timedwait(&c->cv, &srv->mu, &ts);
+  *c->wprev = c->wnext;
+  if (c->wnext) c->wnext->wprev = c->wprev;
+  c->wnext = NULL;
+  c->wprev = NULL;
   struct pollfd p = {.fd = c->fd, .events = POLLRDHUP};
   return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
@@ -250,7 +287,7 @@ static int do_set(struct conn *c, struct req *r, double dl) {
   pthread_mutex_lock(&srv->mu);
   int rc = dcomm__kvmap_put(&srv->map, r->key, r->klen, r->val, r->vlen);
   if (rc == 0) r->val = NULL; /* the map owns it now */
-  pthread_cond_broadcast(&srv->cv);
+  wake_key(srv, r->key, r->klen);
   pthread_mutex_unlock(&srv->mu);
   if (rc < 0) return send_error(c, DCOMM_ENOMEM, 0, "out of memory");
   return send_ok(c, NULL, 0, NULL, 0);
@@ -266,7 +303,7 @@ static int do_get(struct conn *c, struct req *r, double dl) {
   struct dcomm_kv *e;
   pthread_mutex_lock(&srv->mu);
   while (!(e = dcomm__kvmap_find(&srv->map, r->key, r->klen)) && !srv->stopping && !gone && dcomm__now() < deadline)
-    gone = wait_a_while(c, deadline);
+    gone = wait_a_while(c, r->key, r->klen, deadline);
   if (e) {
     r->val = dup_bytes(e->val, e->vlen);
     r->vlen = e->vlen;
@@ -300,7 +337,7 @@ static int do_add(struct conn *c, struct req *r, double dl) {
       free(v);
       rc = 3;
     }
-    pthread_cond_broadcast(&srv->cv);
+    wake_key(srv, r->key, r->klen);
   }
   pthread_mutex_unlock(&srv->mu);
   if (rc == 1) return send_error(c, DCOMM_EINVAL, 0, "add: the value of '%.200s' is not a decimal integer", r->key);
@@ -332,7 +369,7 @@ static int do_cas(struct conn *c, struct req *r, double dl) {
     else r->val2 = NULL;
     clen = r->vlen2;
     present = 1;
-    pthread_cond_broadcast(&srv->cv);
+    wake_key(srv, r->key, r->klen);
   } else if (e) {
     cur = dup_bytes(e->val, e->vlen);
     nomem = !cur;
@@ -374,7 +411,7 @@ static int do_wait(struct conn *c, struct req *r, double dl) {
       have = 0;
       while (have < n && dcomm__kvmap_find(&srv->map, keys[have], lens[have])) have++;
       if (have == n || srv->stopping || gone || dcomm__now() >= deadline) break;
-      gone = wait_a_while(c, deadline);
+      gone = wait_a_while(c, keys[have], lens[have], deadline);
     }
     int stopping = srv->stopping;
     pthread_mutex_unlock(&srv->mu);
@@ -460,10 +497,10 @@ static int do_txn(struct conn *c, double dl) {
       int k = DCOMM_STORE_TXN_MAX + i;
       if (dcomm__kvmap_put(&srv->map, t.key[k], t.klen[k], copy[i], t.vlen[k]) < 0) nomem = 1;
       else copy[i] = NULL;
+      wake_key(srv, t.key[k], t.klen[k]);
     }
     for (int i = 0; i < t.nput; i++) free(copy[i]);
     done = !nomem;
-    pthread_cond_broadcast(&srv->cv);
   }
   pthread_mutex_unlock(&srv->mu);
   txn_req_free(&t);
@@ -546,6 +583,7 @@ static void reap(struct dcomm_store_server *srv, int all) {
     struct conn *c = dead;
     dead = c->next;
     pthread_join(c->th, NULL);
+    pthread_cond_destroy(&c->cv);
     free(c);
   }
 }
@@ -568,6 +606,11 @@ static void accept_one(struct dcomm_store_server *srv, pthread_attr_t *attr) {
   }
   c->srv = srv;
   c->fd = fd;
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&c->cv, &ca);
+  pthread_condattr_destroy(&ca);
   pthread_mutex_lock(&srv->mu);
   int refuse = srv->stopping || srv->nconns >= MAX_CONNS;
   if (!refuse && pthread_create(&c->th, attr, conn_main, c) != 0) refuse = 1;
@@ -581,6 +624,7 @@ static void accept_one(struct dcomm_store_server *srv, pthread_attr_t *attr) {
   if (refuse) {
     DCOMM_LOG(WARN, STORE, "store server: dropping a connection (stopping, %d connections, or no thread)", nconns);
     close(fd);
+    pthread_cond_destroy(&c->cv);
     free(c);
   }
 }
@@ -648,19 +692,13 @@ int dcomm__store_server_start(const char *host, int port, const char *job_id, co
     free_server(srv);
     return dcomm__err_sys(e, "store server: pipe");
   }
-  int rc = dcomm__sock_listen(host, port, 128, &srv->lfd, &srv->port);
+  int rc = dcomm__sock_listen(host, port, LISTEN_BACKLOG, &srv->lfd, &srv->port);
   if (rc < 0) {
     free_server(srv);
     return rc;
   }
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&srv->cv, &ca);
-  pthread_condattr_destroy(&ca);
   pthread_mutex_init(&srv->mu, NULL);
   if ((rc = pthread_create(&srv->listener, NULL, listener_main, srv)) != 0) {
-    pthread_cond_destroy(&srv->cv);
     pthread_mutex_destroy(&srv->mu);
     free_server(srv);
     return dcomm__err_sys(rc, "store server: pthread_create");
@@ -676,9 +714,10 @@ void dcomm__store_server_stop(struct dcomm_store_server *srv) {
   if (!srv) return;
   pthread_mutex_lock(&srv->mu);
   srv->stopping = 1;
-  for (struct conn *c = srv->conns; c; c = c->next)
+  for (struct conn *c = srv->conns; c; c = c->next) {
     if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
-  pthread_cond_broadcast(&srv->cv);
+    pthread_cond_signal(&c->cv);
+  }
   pthread_mutex_unlock(&srv->mu);
   char b = 1;
   ssize_t w = write(srv->stop_pipe[1], &b, 1);
@@ -686,7 +725,6 @@ void dcomm__store_server_stop(struct dcomm_store_server *srv) {
   pthread_join(srv->listener, NULL);
   /* The listener is gone, so no connection can be added any more. */
   reap(srv, 1);
-  pthread_cond_destroy(&srv->cv);
   pthread_mutex_destroy(&srv->mu);
   DCOMM_LOG(INFO, STORE, "store server on port %d stopped", srv->port);
   free_server(srv);

@@ -14,6 +14,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -101,14 +102,18 @@ int dcomm__sock_connect(const char *host, int port, double deadline, int *fd) {
   struct addrinfo *res;
   int err = ETIMEDOUT;
   double backoff = 0.01;
+  unsigned seed = (unsigned)getpid() ^ (unsigned)(dcomm__now() * 1e6);
   DCOMM_CHECK(resolve(host, port, 0, &res));
   for (;;) {
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
       err = connect_once(ai, deadline, fd);
       if (err == 0) { freeaddrinfo(res); return 0; }
     }
-    if (dcomm__now() + backoff >= deadline) break;
-    struct timespec ts = {0, (long)(backoff * 1e9)};
+    /* Jitter (0.5-1.5 x the backoff): the ranks of a large job that all
+     * found a listener's backlog full do not come back in step. */
+    double pause = backoff * (0.5 + (double)(rand_r(&seed) % 1000) / 1000.0);
+    if (dcomm__now() + pause >= deadline) break;
+    struct timespec ts = {0, (long)(pause * 1e9)};
     nanosleep(&ts, NULL);
     if (backoff < 0.2) backoff *= 2;
   }

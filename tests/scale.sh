@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# tests/scale.sh: dcomm at a world far larger than the other suites use,
+# over tcp on this host (dcomm-run, real processes):
+#   1. every collective, checked element by element, on a world of 61 ranks
+#      (not a power of two) and on a sub-group of its 30 odd ranks;
+#   2. the same on 200 ranks (100 in a sanitizer build, whose processes are
+#      several times larger), small messages;
+#   3. one of 128 ranks SIGKILLed in the middle of elastic_sgd: the job ends
+#      on 127 ranks in generation 1, every survivor exits 0.
+# It times nothing (tests/perf/scale-bench.sh measures); each case is bounded.
+set -u
+b=${top_builddir:-.}
+run=${DCOMM_RUN:-$b/dcomm-run}
+chk=$b/tests/scale_check
+sgd=$b/examples/elastic_sgd
+[ -x "$run" ] && [ -x "$chk" ] && [ -x "$sgd" ] || { echo "skip: dcomm-run, tests/scale_check or elastic_sgd not built"; exit 77; }
+big=200
+lib=$(ls "$b"/.libs/libdcomm.so.0 2>/dev/null)
+if [ -n "$lib" ] && ldd "$lib" | grep -q 'libasan\|libtsan'; then big=100; fi
+work=$(mktemp -d /tmp/dcomm-scale.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+export DCOMM_TRANSPORT=tcp
+pass=0 fail=0
+
+# check NAME CMD...: passes when CMD exits 0 and prints the line it must.
+check() {
+  local name=$1 want=$2; shift 2
+  local t0 t1 rc
+  t0=$(date +%s.%N)
+  timeout 240 "$@" >"$work/out" 2>"$work/err"
+  rc=$?
+  t1=$(date +%s.%N)
+  if [ $rc -eq 0 ] && grep -q -- "$want" "$work/out"; then
+    pass=$((pass + 1))
+    printf 'ok - %s (%.1f s)\n' "$name" "$(echo "$t1 - $t0" | bc)"
+  else
+    fail=$((fail + 1))
+    echo "not ok - $name: exit $rc, expected a line with '$want'"
+    tail -n 8 "$work/out" "$work/err" | sed 's/^/    /'
+  fi
+}
+
+check "every collective on 61 ranks and on 30 of them" "scale_check ok: 61 ranks, group of 30, 1000 elements" \
+  "$run" --quiet-prefix --nproc-per-node 61 -- "$chk" 1000
+check "every collective on $big ranks and on $((big / 2)) of them" "scale_check ok: $big ranks" \
+  "$run" --quiet-prefix --nproc-per-node $big -- "$chk" 16
+check "one of 128 ranks killed: the job ends on 127" "final step=12 world=127 generation=1 " \
+  "$run" --quiet-prefix --nproc-per-node 128 -- "$sgd" --steps 12 --checkpoint-every 4 \
+  --checkpoint-dir "$work/ckpt" --kill-rank 77 --kill-at-step 6
+if [ $fail -eq 0 ] && ! grep -q "127 workers exited 0, 1 died" "$work/err"; then
+  fail=$((fail + 1))
+  echo "not ok - the launcher did not report 127 workers exited 0, 1 died"
+  tail -n 4 "$work/err" | sed 's/^/    /'
+fi
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
