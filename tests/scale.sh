@@ -5,7 +5,9 @@
 #      (not a power of two) and on a sub-group of its 30 odd ranks;
 #   2. the same on 200 ranks (100 in a sanitizer build, whose processes are
 #      several times larger), small messages;
-#   3. one of 128 ranks SIGKILLed in the middle of elastic_sgd: the job ends
+#   3. every collective on 61 ranks over shared memory, whose rings
+#      DCOMM_SHM_HOST_BUDGET keeps at 64 KiB (rank 0's log says so);
+#   4. one of 128 ranks SIGKILLed in the middle of elastic_sgd: the job ends
 #      on 127 ranks in generation 1, every survivor exits 0.
 # It times nothing (tests/perf/scale-bench.sh measures); each case is bounded.
 set -u
@@ -44,6 +46,16 @@ check "every collective on 61 ranks and on 30 of them" "scale_check ok: 61 ranks
   "$run" --quiet-prefix --nproc-per-node 61 -- "$chk" 1000
 check "every collective on $big ranks and on $((big / 2)) of them" "scale_check ok: $big ranks" \
   "$run" --quiet-prefix --nproc-per-node $big -- "$chk" 16
+# Shared memory at 61 ranks on one host: DCOMM_SHM_HOST_BUDGET (256 MiB)
+# lowers the world's rings to 64 KiB (61 x 60 x 64 KiB = 229 MiB).
+DCOMM_TRANSPORT=auto DCOMM_LOG_LEVEL=info DCOMM_LOG_SUBSYS=tcp \
+  check "every collective on 61 ranks over shared memory" "scale_check ok: 61 ranks, group of 30, 1000 elements" \
+  "$run" --quiet-prefix --nproc-per-node 61 -- "$chk" 1000
+if [ $fail -eq 0 ] && ! grep -q "r0 g0.*tcp world: 60 of 60 links in shared memory.*rings: 65536 bytes" "$work/err" "$work/out"; then
+  fail=$((fail + 1))
+  echo "not ok - rank 0 did not report 60 shared-memory links with 64 KiB rings"
+  grep "r0 g0.*links in shared memory" "$work/err" "$work/out" | head -3 | sed 's/^/    /'
+fi
 check "one of 128 ranks killed: the job ends on 127" "final step=12 world=127 generation=1 " \
   "$run" --quiet-prefix --nproc-per-node 128 -- "$sgd" --steps 12 --checkpoint-every 4 \
   --checkpoint-dir "$work/ckpt" --kill-rank 77 --kill-at-step 6

@@ -108,7 +108,8 @@ struct tcp_ctx {
   int algo;       /* all_reduce: enum tcp_ar_algo */
   int bcast_algo; /* broadcast: enum tcp_bcast_algo */
   int transport;    /* enum tcp_transport */
-  size_t shm_ring;  /* bytes per direction of a shm link */
+  size_t shm_ring;  /* bytes per direction of a shm link, at most */
+  size_t shm_budget; /* bytes the rings of one comm may take on a host */
   double shm_spin;  /* seconds to poll rings before sleeping */
   size_t cma_min;   /* shm payloads from this size are read by the peer
                        * with process_vm_readv (0: never) */
@@ -236,6 +237,10 @@ void tcp_close_links(struct tcp_comm *c);
 /* tcp_shm.c */
 void tcp_host_id(char *buf, size_t len);
 size_t tcp_shm_ring_size(size_t want); /* power of two, 64 KiB .. 256 MiB */
+/* The smallest ring a link may have (DCOMM_SHM_HOST_BUDGET never goes
+ * below it). Smaller rings were tried: with 16 and 32 KiB, check_coll's
+ * 3-rank reduce_scatter hung and an all_to_allv mismatch went unnoticed. */
+#define TCP_SHM_RING_MIN ((size_t)65536)
 /* The connector creates (side 0) and offers pid/memfd/nonce; the acceptor
  * attaches (side 1). -1 with a reason in why on failure. */
 int tcp_shm_create(size_t ring, struct tcp_shm **out, int *memfd, uint64_t *nonce, char *why, size_t wl);

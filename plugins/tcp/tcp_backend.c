@@ -92,6 +92,7 @@ static int tcp_init(const struct dcomm_host *host, void **out) {
     return host->err(DCOMM_EINVAL, "DCOMM_TRANSPORT='%s' is not auto, shm or tcp", tr);
   }
   ctx->shm_ring = tcp_shm_ring_size(param_size(host, "DCOMM_SHM_RING_SIZE", 1048576));
+  ctx->shm_budget = param_size(host, "DCOMM_SHM_HOST_BUDGET", (size_t)1 << 28);
   ctx->cma_min = param_size(host, "DCOMM_SHM_CMA_MIN", 16384);
   ctx->cma_fwd_min = param_size(host, "DCOMM_SHM_CMA_FWD_MIN", 1048576);
   const char *spin = host->param("DCOMM_SHM_SPIN");
@@ -344,6 +345,8 @@ static const struct dcomm_backend_param tcp_params[] = {
      "tcp backend links between members on one host: auto (shared memory when both ends are on one host, else TCP), shm (shared memory only; fails if a member is elsewhere) or tcp."},
     {"DCOMM_SHM_RING_SIZE", "size", "1048576",
      "Bytes of each direction's ring of a shared-memory link (rounded up to a power of two, 64 KiB to 256 MiB)."},
+    {"DCOMM_SHM_HOST_BUDGET", "size", "268435456",
+     "Shared memory the rings of one communicator may take on one host in all: with k members there, each link's rings are at most budget / (k(k-1)) bytes per direction (a power of two, at least 64 KiB, at most DCOMM_SHM_RING_SIZE)."},
     {"DCOMM_SHM_SPIN", "int", "50",
      "Microseconds a waiting rank polls shared-memory rings (or, with no shared-memory link, its sockets) before it sleeps in poll() until woken."},
     {"DCOMM_SHM_CMA_MIN", "size", "16384",

@@ -236,10 +236,27 @@ static int read_answer(int fd, double deadline, const struct dcomm_host *h, stru
 
 static const char *const transport_names[] = {"auto", "shm", "tcp"};
 
+/* The ring size of c's shared-memory links: DCOMM_SHM_RING_SIZE, lowered
+ * so that the k(k-1) rings of c's k members on this host stay within
+ * DCOMM_SHM_HOST_BUDGET (never below TCP_SHM_RING_MIN): a host's shared
+ * memory then stays flat as ranks per host grow (up to 64 members at the
+ * default budget, 64 KiB rings), where fixed rings grow with k squared. */
+static size_t ring_for(struct tcp_ctx *ctx, const struct tcp_comm *c) {
+  size_t k = 0;
+  for (int j = 0; j < c->size; j++) k += !strcmp(ctx->addrs[c->world_ranks[j]].host, ctx->host_id);
+  size_t ring = ctx->shm_ring;
+  if (k > 1) {
+    size_t fit = ctx->shm_budget / (k * (k - 1));
+    while (ring > TCP_SHM_RING_MIN && ring > fit) ring >>= 1;
+  }
+  return ring;
+}
+
 int tcp_connect_mesh(struct tcp_ctx *ctx, struct tcp_comm *c, double deadline) {
   const struct dcomm_host *h = ctx->host;
   if (!ctx->addrs) ctx->addrs_comm = c->id; /* the first comm, the world's, loads the table */
   TCP_CHECK(load_addrs(ctx, deadline));
+  size_t ring = ctx->transport != TCP_TR_TCP ? ring_for(ctx, c) : 0;
   /* Connect to every lower rank. */
   for (int j = 0; j < c->rank; j++) {
     char host[80];
@@ -255,11 +272,11 @@ int tcp_connect_mesh(struct tcp_ctx *ctx, struct tcp_comm *c, double deadline) {
     char why[160] = "";
     if (same && ctx->transport != TCP_TR_TCP) {
       uint64_t nonce;
-      if (tcp_shm_create(ctx->shm_ring, &shm, &memfd, &nonce, why, sizeof(why)) == 0) {
+      if (tcp_shm_create(ring, &shm, &memfd, &nonce, why, sizeof(why)) == 0) {
         hi.shm_pid = (int32_t)getpid();
         hi.shm_fd = memfd;
         hi.shm_nonce = nonce;
-        hi.shm_ring = ctx->shm_ring;
+        hi.shm_ring = ring;
       } else {
         TCP_LOG(ctx, WARN, "tcp %s: no shared memory for the link to rank %d: %s", c->label, j, why);
       }
@@ -336,7 +353,7 @@ int tcp_connect_mesh(struct tcp_ctx *ctx, struct tcp_comm *c, double deadline) {
                     c->label, j, c->world_ranks[j]);
   }
   c->nshm = nshm;
-  TCP_LOG(ctx, INFO, "tcp %s: %d of %d links in shared memory (DCOMM_TRANSPORT=%s)", c->label, nshm, c->size - 1,
-          transport_names[ctx->transport]);
+  TCP_LOG(ctx, INFO, "tcp %s: %d of %d links in shared memory (DCOMM_TRANSPORT=%s; this rank's rings: %zu bytes)",
+          c->label, nshm, c->size - 1, transport_names[ctx->transport], ring);
   return 0;
 }

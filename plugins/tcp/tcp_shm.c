@@ -160,7 +160,7 @@ int tcp_shm_attach(int pid, int fd, uint64_t nonce, size_t ring, struct tcp_shm 
   char path[64];
   size_t len = SHM_CTL_PAGE + 2 * ring;
   *out = NULL;
-  if (ring < 65536 || (ring & (ring - 1)) || ring > ((size_t)1 << 28)) {
+  if (ring < TCP_SHM_RING_MIN || (ring & (ring - 1)) || ring > ((size_t)1 << 28)) {
     snprintf(why, wl, "bad ring size %zu", ring);
     return -1;
   }
