@@ -45,6 +45,12 @@ static void post_lost_hint(struct dcomm_world *w, long gen) {
     DCOMM_LOG(WARN, ELASTIC, "cannot post the PMIx loss notice: %s", dcomm_last_error());
 }
 
+/* Sleeps for s seconds, or less once the watcher is told to stop. */
+static void nap(struct dcomm_world *w, double s) {
+  for (double left = s; left > 0 && !__atomic_load_n(&w->watcher_stop, __ATOMIC_ACQUIRE); left -= 0.01)
+    usleep((useconds_t)((left < 0.01 ? left : 0.01) * 1e6));
+}
+
 static void *watcher_main(void *arg) {
   struct dcomm_world *w = arg;
   double interval = dcomm__param_double(DCOMM_P_HEARTBEAT_INTERVAL);
@@ -56,13 +62,13 @@ static void *watcher_main(void *arg) {
     char hb[64]; /* CLOCK_MONOTONIC: shared by the processes of one host */
     int n = snprintf(hb, sizeof(hb), "%.3f", dcomm__now());
     if (dcomm__store_set(w->estore, hbkey, hb, (size_t)n + 1) < 0) {
-      usleep((useconds_t)(interval * 1e6));
+      nap(w, interval);
       continue;
     }
     long gen = __atomic_load_n(&w->generation, __ATOMIC_ACQUIRE);
     if (__atomic_exchange_n(&w->lost_hint_set, 0, __ATOMIC_ACQ_REL)) post_lost_hint(w, gen);
     if (gen == acted) {
-      usleep((useconds_t)(interval * 1e6));
+      nap(w, interval);
       continue;
     }
     char key[64];
@@ -75,7 +81,7 @@ static void *watcher_main(void *arg) {
       abort_generation(w, gen, len && ((char *)val)[len - 1] == 0 ? (char *)val : "notice");
       acted = gen;
     } else if (rc != DCOMM_ETIMEDOUT) {
-      usleep((useconds_t)(interval * 1e6));
+      nap(w, interval);
     }
     free(val);
   }
@@ -94,6 +100,9 @@ int dcomm__elastic_start(struct dcomm_world *w) {
 void dcomm__elastic_stop(struct dcomm_world *w) {
   if (!w->watcher_running) return;
   __atomic_store_n(&w->watcher_stop, 1, __ATOMIC_RELEASE);
+  /* Its blocking get (a heartbeat interval) ends now where the store can
+   * end it, so that dcomm_finalize returns promptly. */
+  dcomm__store_interrupt(w->estore);
   pthread_join(w->watcher, NULL);
   w->watcher_running = 0;
 }

@@ -188,4 +188,20 @@ else
   result 0 "# SKIP status of a static job: examples/elastic_sgd not built"
 fi
 
+# ---- 9: dcomm_finalize returns promptly under dcomm-run: it does not wait
+# out the watcher's blocking heartbeat get (DCOMM_HEARTBEAT_INTERVAL=20
+# here; the whole job must end well within one interval) ----
+bench=$(dirname "$DCOMM_RUN")/dcomm-bench
+if [ -x "$bench" ]; then
+  t0=$(date +%s.%N)
+  DCOMM_HEARTBEAT_INTERVAL=20 DCOMM_HEARTBEAT_TIMEOUT=60 run_job --nproc-per-node 2 -- "$bench" -o barrier -b 8 -e 8 -n 1 -w 0
+  t1=$(date +%s.%N)
+  why=
+  [ "$rc" = 0 ] || why="exit status $rc"
+  awk -v a="$t0" -v b="$t1" 'BEGIN { exit !(b - a < 10) }' || why="${why:+$why; }the job took $(echo "$t1 - $t0" | bc) s (>= 10 s): finalize waited for the heartbeat get"
+  result "$([ -z "$why" ]; echo $?)" "dcomm_finalize under dcomm-run returns without waiting a heartbeat interval" "$why"
+else
+  result 0 "# SKIP prompt finalize: dcomm-bench not built"
+fi
+
 finish

@@ -193,6 +193,10 @@ void dcomm__store_close(struct dcomm_store *s) {
   if (s && s->ops && s->ops->close) s->ops->close(s);
 }
 
+void dcomm__store_interrupt(struct dcomm_store *s) {
+  if (s && s->ops && s->ops->interrupt) s->ops->interrupt(s);
+}
+
 int dcomm__store_set_prefix(struct dcomm_store *s, const char *prefix) {
   DCOMM_CHECK(check_handle(s));
   if (!prefix) prefix = "";

@@ -61,6 +61,10 @@ struct dcomm_store_ops {
   /* Deletes key; *existed tells whether it was there (may be NULL). */
   int (*del)(struct dcomm_store *s, const char *key, int *existed);
   void (*close)(struct dcomm_store *s);
+  /* Optional, callable from any thread: a call blocked on this handle in
+   * another thread returns at once with an error; afterwards the handle
+   * is only good for close. NULL: calls run to their timeout. */
+  void (*interrupt)(struct dcomm_store *s);
 };
 
 struct dcomm_store {
@@ -92,6 +96,9 @@ int dcomm__store_delete(struct dcomm_store *s, const char *key, int *existed);
 int dcomm__store_allgather(struct dcomm_store *s, const char *prefix, int rank, int n, const void *mine, size_t len,
                            double timeout, void **all, size_t *alllen);
 void dcomm__store_close(struct dcomm_store *s);
+/* Ends a call blocked on s in another thread where the implementation can
+ * (the TCP client); s is then only good for close. */
+void dcomm__store_interrupt(struct dcomm_store *s);
 /* Sets the prefix ("" for none); at most 255 bytes. */
 int dcomm__store_set_prefix(struct dcomm_store *s, const char *prefix);
 /* A fixed view of base's link under its own prefix: calls through it go to

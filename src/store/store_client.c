@@ -392,6 +392,14 @@ static void tcp_close(struct dcomm_store *s) {
   free(t);
 }
 
+/* Without the handle's lock, which the blocked caller holds: the
+ * descriptor only changes in close. The blocked call sees its connection
+ * end and fails; the handle is marked broken then. */
+static void tcp_interrupt(struct dcomm_store *s) {
+  struct tcp_store *t = (struct tcp_store *)s;
+  if (t->fd >= 0) shutdown(t->fd, SHUT_RDWR);
+}
+
 static const struct dcomm_store_ops tcp_ops = {
     .name = "tcp",
     .set = tcp_set,
@@ -402,6 +410,7 @@ static const struct dcomm_store_ops tcp_ops = {
     .txn = tcp_txn,
     .del = tcp_del,
     .close = tcp_close,
+    .interrupt = tcp_interrupt,
 };
 
 int dcomm__store_tcp_connect(const char *host, int port, const char *job_id, const char *token,

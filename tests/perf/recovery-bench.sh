@@ -10,24 +10,28 @@
 # It is a benchmark: it prints figures and asserts nothing about speed.
 # Exit 0 if every run produced results, 1 otherwise.
 #
-#   REPS=5 tests/perf/recovery-bench.sh     (from the repository root)
-# Knobs: REPS (5), BYTES (4194304: 4 MiB of float32), KILL_AT (10), ITERS (30).
+#   REPS=5 tests/perf/recovery-bench.sh     (from an in-tree build, or from a build tree
+#   as ../tests/perf/recovery-bench.sh)
+# Knobs: REPS (5), BYTES (4194304: 4 MiB of float32), KILL_AT (10), ITERS (30),
+# NPROC (4; e.g. NPROC=256 DCOMM_TRANSPORT=tcp for recovery at scale).
 set -u
-cd "$(dirname "$0")/../.." || exit 1
+src=$(cd "$(dirname "$0")/../.." && pwd)
+[ -x ./dcomm-run ] || cd "$src" || exit 1 # a build tree (the current directory) or an in-tree build
 REPS=${REPS:-5}
 BYTES=${BYTES:-4194304}
 KILL_AT=${KILL_AT:-10}
 ITERS=${ITERS:-30}
-NPROC=4
-probe=/tmp/recovery_probe
-
-[ -x ./dcomm-run ] && [ -e .libs/libdcomm.so ] || { echo "recovery-bench: build dcomm first (./dcomm-run, .libs/libdcomm.so)"; exit 1; }
-build="cc -O2 -I include tests/perf/recovery_probe.c -L .libs -ldcomm -Wl,-rpath,$PWD/.libs -o $probe"  # printed as run
-echo "build: $build"
-cc -O2 -I include tests/perf/recovery_probe.c -L .libs -ldcomm "-Wl,-rpath,$PWD/.libs" -o "$probe" || { echo "recovery-bench: cannot build the probe"; exit 1; }
-
+NPROC=${NPROC:-4}
+LIMIT=$((60 + NPROC / 2)) # seconds a run may take
 work=$(mktemp -d /tmp/dcomm-recovery.XXXXXX)
 trap 'rm -rf "$work"' EXIT
+probe=$work/recovery_probe
+
+[ -x ./dcomm-run ] && [ -e .libs/libdcomm.so ] || { echo "recovery-bench: build dcomm first (./dcomm-run, .libs/libdcomm.so)"; exit 1; }
+build="cc -O2 -I $src/include $src/tests/perf/recovery_probe.c -L .libs -ldcomm -Wl,-rpath,$PWD/.libs -o $probe"  # printed as run
+echo "build: $build"
+cc -O2 -I "$src/include" "$src/tests/perf/recovery_probe.c" -L .libs -ldcomm "-Wl,-rpath,$PWD/.libs" -o "$probe" || { echo "recovery-bench: cannot build the probe"; exit 1; }
+
 bad=0
 
 # min / median / max (ms) of the seconds on stdin, one a line.
@@ -40,17 +44,17 @@ stats() {
 
 echo
 echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'); $(uname -sr)"
-echo "buffer: $BYTES bytes of float32 (SUM all_reduce), $NPROC ranks, tcp backend"
+echo "buffer: $BYTES bytes of float32 (SUM all_reduce), $NPROC ranks, tcp backend (DCOMM_TRANSPORT=${DCOMM_TRANSPORT:-auto})"
 
 # ---- failure-free reference: the same all_reduce, no failure ----
 ref=$work/ref
 mkdir -p "$ref"
-cmd="timeout 60 ./dcomm-run --nproc-per-node $NPROC -- $probe --mode none --iters $ITERS --warmup 5 --bytes $BYTES --out DIR"
+cmd="timeout $LIMIT ./dcomm-run --nproc-per-node $NPROC -- $probe --mode none --iters $ITERS --warmup 5 --bytes $BYTES --out DIR"
 echo
 echo "== failure-free all_reduce (iteration time) =="
 echo "command: $cmd"
 iter_med=""
-if timeout 60 ./dcomm-run --nproc-per-node $NPROC -- $probe --mode none --iters "$ITERS" --warmup 5 --bytes "$BYTES" \
+if timeout $LIMIT ./dcomm-run --nproc-per-node $NPROC -- $probe --mode none --iters "$ITERS" --warmup 5 --bytes "$BYTES" \
   --out "$ref" >"$work/ref.log" 2>&1 && [ -s "$ref/iter.time" ]; then
   read -r iter_med iter_mean iter_min iter_max iter_n _ <"$ref/iter.time"
   awk -v a="$iter_med" -v b="$iter_mean" -v c="$iter_min" -v d="$iter_max" -v n="$iter_n" 'BEGIN {
@@ -70,13 +74,13 @@ run_case() {
   [ ${#envs[@]} -gt 0 ] && pre="${envs[*]} "
   echo
   echo "== $name ($REPS runs) =="
-  echo "command: ${pre}timeout 60 ./dcomm-run --nproc-per-node $NPROC -- $probe --mode $mode --victim $victim --kill-at $KILL_AT --iters $ITERS --bytes $BYTES --out DIR"
+  echo "command: ${pre}timeout $LIMIT ./dcomm-run --nproc-per-node $NPROC -- $probe --mode $mode --victim $victim --kill-at $KILL_AT --iters $ITERS --bytes $BYTES --out DIR"
   : >"$work/det" && : >"$work/rec" && : >"$work/only" && : >"$work/errs"
   local ok=0
   for r in $(seq 1 "$REPS"); do
     local d=$work/$mode-$victim-$r
     mkdir -p "$d"
-    env "${envs[@]}" timeout 60 ./dcomm-run --nproc-per-node $NPROC -- $probe --mode "$mode" --victim "$victim" \
+    env "${envs[@]}" timeout $LIMIT ./dcomm-run --nproc-per-node $NPROC -- $probe --mode "$mode" --victim "$victim" \
       --kill-at "$KILL_AT" --iters "$ITERS" --bytes "$BYTES" --out "$d" >"$d.log" 2>&1
     local rc=$?
     local nsurv
