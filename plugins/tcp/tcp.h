@@ -3,7 +3,8 @@
  *   tcp_backend.c  the ops table, request queue (post/test/wait), abort;
  *   tcp_conn.c     the listener and the full mesh of authenticated links;
  *   tcp_engine.c   the framed transfer engine: several sends and receives to
- *                  different peers progressed together under one poll(),
+ *                  different peers progressed together under one poll()
+ *                  (the other links watched through an epoll set),
  *                  with deadline, abort, death and mismatch detection;
  *   tcp_algos.c    the collective algorithms written on the engine;
  *   tcp_shm.c      shared-memory rings for the links between members on
@@ -139,6 +140,13 @@ struct tcp_comm {
   struct pollfd *pf;   /* the engine's poll set and what each entry is for, */
   int *pf_who;         /* grown to the largest set used (no fixed cap) */
   int pf_cap;
+  /* The watched links (those no op of the step reads), in an epoll set
+   * that the engine's poll sees as one descriptor: a step's poll costs
+   * its ops, not the group's size. ep_on: registered now. */
+  int epfd;
+  char *ep_on;
+  int ep_init;         /* every link registered once */
+  int *woff, nwoff;    /* links held back (watch_off) until the next step */
   int nshm;            /* links in shared memory */
   uint64_t uq_serial;  /* unexpected messages completed so far (arrival order) */
   size_t tmp_cap;

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -126,6 +127,9 @@ static void comm_free(struct tcp_comm *c) {
     free(c->peers);
   }
   if (c->abort_fd >= 0) close(c->abort_fd);
+  if (c->epfd >= 0) close(c->epfd);
+  free(c->ep_on);
+  free(c->woff);
   free(c->stage[0]);
   free(c->stage[1]);
   free(c->tmp);
@@ -152,10 +156,13 @@ static int tcp_comm_create(void *vctx, const struct dcomm_comm_spec *spec, void 
   c->size = spec->size;
   snprintf(c->label, sizeof(c->label), "%s", spec->label ? spec->label : "comm");
   c->abort_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  c->epfd = epoll_create1(EPOLL_CLOEXEC);
   c->peers = calloc((size_t)spec->size, sizeof(*c->peers));
   c->world_ranks = malloc(sizeof(int) * (size_t)spec->size);
-  c->recv_mark = malloc((size_t)spec->size);
-  if (c->abort_fd < 0 || !c->peers || !c->world_ranks || !c->recv_mark) {
+  c->recv_mark = calloc((size_t)spec->size, 1);
+  c->ep_on = calloc((size_t)spec->size, 1);
+  c->woff = malloc(sizeof(int) * (size_t)spec->size);
+  if (c->abort_fd < 0 || c->epfd < 0 || !c->peers || !c->world_ranks || !c->recv_mark || !c->ep_on || !c->woff) {
     comm_free(c);
     return h->err(DCOMM_ENOMEM, "tcp: cannot allocate a communicator");
   }

@@ -2,9 +2,9 @@
  * tcp_engine.c: the transfer engine of the tcp backend. tcp_xfer progresses
  * a set of framed sends and receives together under one poll(), so ring
  * and pairwise exchanges never deadlock on full socket buffers. While it
- * waits it also watches every other link of the communicator, so a peer
- * that dies or aborts anywhere in the mesh is noticed at once, not at the
- * timeout. Any error breaks the communicator: an ABORT frame carrying the
+ * waits it also watches every other link of the communicator (an epoll
+ * set, one descriptor in that poll), so a peer that dies or aborts
+ * anywhere in the mesh is noticed at once, not at the timeout. Any error breaks the communicator: an ABORT frame carrying the
  * error goes to every peer (which breaks theirs in turn), and every later
  * call fails fast with the same error.
  *
@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -277,6 +278,12 @@ static int progress_recv(struct tcp_comm *c, struct tcp_xop *op, const struct dc
  * belongs to a later step or a later collective is left in place; data of
  * this collective's sequence number that does not match this rank's call
  * is a mismatch, found here even when no rank reads from that link. */
+/* Stops watching peer until the next step (watch_off), noted in woff. */
+static void hold_back(struct tcp_comm *c, int peer) {
+  if (!c->peers[peer].watch_off && c->nwoff < c->size) c->woff[c->nwoff++] = peer;
+  c->peers[peer].watch_off = 1;
+}
+
 static int watch_peer(struct tcp_comm *c, int peer, const struct dcomm_coll_args *a) {
   struct tcp_peer *p = &c->peers[peer];
   if (p->shm) TCP_CHECK(tcp_shm_drain(c, peer));
@@ -286,7 +293,7 @@ static int watch_peer(struct tcp_comm *c, int peer, const struct dcomm_coll_args
       if (c->ctx->check_mismatch && a->coll != DCOMM_COLL_SEND && a->coll != DCOMM_COLL_RECV && h->type == TCP_F_DATA &&
           (h->seq < a->seq || (h->seq == a->seq && !tcp_sig_matches(h, a))))
         return tcp_mismatch(c, peer, a);
-      p->watch_off = 1;
+      hold_back(c, peer);
       return 0;
     }
     int rc = tcp_read_hdr(c, peer);
@@ -294,7 +301,7 @@ static int watch_peer(struct tcp_comm *c, int peer, const struct dcomm_coll_args
     rc = tcp_take_control(c, peer, a->deadline);
     if (rc < 0) return rc;
     if (p->departed) {
-      p->watch_off = 1;
+      hold_back(c, peer);
       return 0;
     }
   }
@@ -318,6 +325,45 @@ static int broken(struct tcp_comm *c) {
   int err = atomic_load(&c->error);
   if (!err) return 0;
   return tcp_fail(c, err, "unused");
+}
+
+/* The watched set. Every open link of the communicator is in one epoll
+ * set, which the engine's poll sees as one descriptor beside its ops': a
+ * pass costs the step's ops, not the group's size. A link leaves the set
+ * when it closes, its peer finalizes, or it holds data for a later step
+ * (watch_off, reset at the next step through the woff list); a link that a
+ * receive of the step reads stays in it and is left to its op. */
+static int want_watch(const struct tcp_comm *c, int r) {
+  const struct tcp_peer *p = &c->peers[r];
+  return r != c->rank && p->fd >= 0 && !p->closed && !p->departed && !p->watch_off;
+}
+
+/* Brings peer r's registration in line with want_watch (a link is removed,
+ * not masked: epoll reports a hang-up whatever the mask). */
+static int ep_sync(struct tcp_comm *c, int r) {
+  int want = want_watch(c, r);
+  if (want == c->ep_on[r]) return 0;
+  struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.u32 = (uint32_t)r};
+  if (epoll_ctl(c->epfd, want ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, c->peers[r].fd, &ev) < 0 && want)
+    return tcp_fail(c, DCOMM_ESYSTEM, "tcp %s: epoll_ctl: %s", c->label, strerror(errno));
+  c->ep_on[r] = (char)want;
+  return 0;
+}
+
+/* Before a step's first poll: the links held back in the last step come
+ * back (the first step registers every link). */
+static int ep_begin(struct tcp_comm *c) {
+  if (!c->ep_init) {
+    for (int r = 0; r < c->size; r++) TCP_CHECK(ep_sync(c, r));
+    c->ep_init = 1;
+  }
+  for (int i = 0; i < c->nwoff; i++) {
+    int r = c->woff[i];
+    c->peers[r].watch_off = 0;
+    TCP_CHECK(ep_sync(c, r));
+  }
+  c->nwoff = 0;
+  return 0;
 }
 
 /* Makes room for need entries in the comm's poll set: one for the abort
@@ -425,6 +471,24 @@ static int arm_rings(struct tcp_comm *c, struct tcp_xop *ops, int n, const struc
   return ready;
 }
 
+/* The watched set has something: looks at the links it names (a bounded
+ * batch; the rest stay ready for the next pass) and takes them out of the
+ * set where watch_peer said so. */
+static int watch_ready(struct tcp_comm *c, const struct dcomm_coll_args *a) {
+  struct epoll_event ev[64];
+  int k = epoll_wait(c->epfd, ev, 64, 0);
+  if (k < 0 && errno != EINTR) return tcp_fail(c, DCOMM_ESYSTEM, "tcp %s: epoll_wait: %s", c->label, strerror(errno));
+  for (int i = 0; i < k; i++) {
+    int r = (int)ev[i].data.u32;
+    if (r < 0 || r >= c->size || !c->ep_on[r]) continue;
+    /* A link that closed or finished outside the engine (a probe) leaves
+     * the set; one that a receive of this step reads is its op's. */
+    if (want_watch(c, r) && !c->recv_mark[r]) TCP_CHECK(watch_peer(c, r, a));
+    TCP_CHECK(ep_sync(c, r));
+  }
+  return 0;
+}
+
 int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_coll_args *a) {
   const struct dcomm_host *h = c->ctx->host;
   TCP_CHECK(broken(c));
@@ -441,16 +505,16 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
         return tcp_fail(c, DCOMM_ENOMEM, "tcp: out of memory for staging buffers");
     }
   }
-  for (int i = 0; i < c->size; i++) c->peers[i].watch_off = 0;
   int left = n;
+  int began = 0; /* ep_begin ran: only once this step needs to poll */
   /* First pass without waiting: small messages usually complete here. */
   for (int i = 0; i < n; i++) {
     TCP_CHECK(ops[i].is_send ? progress_send(c, &ops[i], a) : progress_recv(c, &ops[i], a));
     if (ops[i].complete) left--;
   }
-  TCP_CHECK(pf_reserve(c, 1 + n + c->size));
+  TCP_CHECK(pf_reserve(c, 2 + n));
   struct pollfd *pf = c->pf;
-  int *who = c->pf_who; /* >= 0: op index; < 0: -(peer+1) watched */
+  int *who = c->pf_who; /* >= 0: op index; -1: the watched set */
   double active = h->now(); /* when a socket last had something */
   int polled_empty = 0;
   while (left > 0) {
@@ -458,6 +522,10 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
     memset(recv_peer, 0, (size_t)c->size);
     for (int i = 0; i < n; i++)
       if (!ops[i].complete && !ops[i].is_send) recv_peer[ops[i].peer] = 1;
+    if (!began) {
+      TCP_CHECK(ep_begin(c));
+      began = 1;
+    }
     int may_sleep = 1;
     if (c->nshm) {
       int rc = spin_rings(c, ops, n, a, &left);
@@ -482,12 +550,8 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
       pf[np] = (struct pollfd){.fd = p->fd, .events = ev};
       who[np++] = i;
     }
-    for (int r = 0; r < c->size; r++) {
-      struct tcp_peer *p = &c->peers[r];
-      if (r == c->rank || recv_peer[r] || p->fd < 0 || p->closed || p->departed || p->watch_off) continue;
-      pf[np] = (struct pollfd){.fd = p->fd, .events = POLLIN | POLLRDHUP};
-      who[np++] = -(r + 1);
-    }
+    pf[np] = (struct pollfd){.fd = c->epfd, .events = POLLIN};
+    who[np++] = -1;
     double wait_s = a->deadline - h->now();
     if (wait_s <= 0) {
       for (int i = 0; i < n; i++)
@@ -513,7 +577,7 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
         if (c->peers[op->peer].shm) TCP_CHECK(tcp_shm_drain(c, op->peer));
         TCP_CHECK(step_op(c, op, a, &left));
       } else {
-        TCP_CHECK(watch_peer(c, -who[k] - 1, a));
+        TCP_CHECK(watch_ready(c, a));
       }
     }
   }
