@@ -128,6 +128,11 @@ struct dnccl_comm {
   int failed;         /* first error that broke the comm (not an abort), else 0 */
   char why[DNCCL_WHY_LEN]; /* what aborted or broke it */
   int listed;         /* on the live list */
+  /* Where ncclCommSplit / ncclCommShrink on this (parent) communicator
+   * write the new handle: in non-blocking mode NCCL fills it only when the
+   * parent's part completes, after the call returned, so it must outlive
+   * the call (the parent does). */
+  ncclComm_t child_slot;
   struct dnccl_comm *next;
 };
 
@@ -187,6 +192,12 @@ int dnccl_state_error(struct dnccl_comm *c, const char *what);
  * taken around each poll). 0: ncclSuccess. Else the abort reason, a mapped
  * NCCL error (c marked failed) or DCOMM_ETIMEDOUT, each with detail. */
 int dnccl_poll_ready(struct dnccl_comm *c, double deadline, const char *what);
+/* After ncclCommSplit / ncclCommShrink on p returned: waits (bounded by
+ * deadline) until NCCL has written the new handle into p->child_slot, that
+ * is until the parent's part is over, and returns it in *nc (NULL for a
+ * rank that joins no communicator). Polls p's handle directly, whatever
+ * dcomm's own state of p says (a shrink marks it aborted first). */
+int dnccl_await_child(struct dnccl_comm *p, double deadline, const char *what, ncclComm_t *nc);
 /* Marks every live communicator of the process aborted with reason (why
  * says what happened) and stops their NCCL handles as how says. */
 int dnccl_abort_all(int reason, const char *why, enum dnccl_stop how);

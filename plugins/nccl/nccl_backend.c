@@ -147,6 +147,37 @@ int dnccl_poll_ready(struct dnccl_comm *c, double deadline, const char *what) {
   }
 }
 
+int dnccl_await_child(struct dnccl_comm *p, double deadline, const char *what, ncclComm_t *nc) {
+  const struct dcomm_host *h = p->ctx->host;
+  long us = 20;
+  for (;;) {
+    pthread_mutex_lock(&p->mu);
+    ncclComm_t got = __atomic_load_n(&p->child_slot, __ATOMIC_ACQUIRE);
+    ncclResult_t st = ncclInProgress;
+    if (!got && p->nc) {
+      ncclResult_t q = ncclCommGetAsyncError(p->nc, &st);
+      if (q != ncclSuccess) st = q;
+      got = __atomic_load_n(&p->child_slot, __ATOMIC_ACQUIRE);
+    }
+    if (got || st == ncclSuccess || !p->nc) {
+      pthread_mutex_unlock(&p->mu);
+      *nc = got;
+      return 0;
+    }
+    if (st != ncclInProgress) {
+      char text[512];
+      dnccl_result_text(p->nc, st, text, sizeof(text));
+      pthread_mutex_unlock(&p->mu);
+      return h->err(dnccl_map_result(st), "nccl backend: %s on %s failed: %s", what, p->label, text);
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (deadline > 0 && h->now() >= deadline)
+      return h->err(DCOMM_ETIMEDOUT, "nccl backend: %s on %s did not complete before its deadline", what, p->label);
+    dnccl_sleep_us(us);
+    if (us < 1000) us *= 2;
+  }
+}
+
 /* ---- the process-wide abort ---- */
 
 /* Revokes nc (the handle stays for a shrink); 0 or the NCCL error, after

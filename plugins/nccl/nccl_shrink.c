@@ -26,7 +26,6 @@ static int shrink_into(struct dnccl_comm *p, struct dnccl_comm *c, int *sorted, 
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;
   cfg.commName = c->label;
-  ncclComm_t nc = NULL;
   pthread_mutex_lock(&p->mu);
   if (!p->nc) {
     pthread_mutex_unlock(&p->mu);
@@ -35,7 +34,10 @@ static int shrink_into(struct dnccl_comm *p, struct dnccl_comm *c, int *sorted, 
   }
   (void)cudaSetDevice(p->dev);
   /* NCCL sorts the list in place: it gets our copy. */
-  ncclResult_t nr = ncclCommShrink(p->nc, sorted, n, &nc, &cfg, NCCL_SHRINK_ABORT);
+  /* The new handle goes into the parent's slot: in non-blocking mode
+   * NCCL may write it only once the parent's part is over. */
+  p->child_slot = NULL;
+  ncclResult_t nr = ncclCommShrink(p->nc, sorted, n, &p->child_slot, &cfg, NCCL_SHRINK_ABORT);
   /* The parent's ops are over either way: it is only aborted from here. */
   if (!p->aborted) {
     p->aborted = DCOMM_EREVOKED;
@@ -44,6 +46,12 @@ static int shrink_into(struct dnccl_comm *p, struct dnccl_comm *c, int *sorted, 
   char text[640] = "";
   if (nr != ncclSuccess && nr != ncclInProgress) dnccl_result_text(p->nc, nr, text, sizeof(text));
   pthread_mutex_unlock(&p->mu);
+  ncclComm_t nc = NULL;
+  if (nr == ncclSuccess || nr == ncclInProgress) {
+    int rc = dnccl_await_child(p, deadline, "ncclCommShrink", &nc);
+    if (rc < 0) return rc;
+    if (!nc) return h->err(DCOMM_EBACKEND, "nccl backend: ncclCommShrink of %s gave no communicator", p->label);
+  }
   int rc = dnccl_adopt(h, c, nc, nr, text, "ncclCommShrink", p->label);
   if (rc < 0) return rc;
   char what[96];

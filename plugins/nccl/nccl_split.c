@@ -21,14 +21,14 @@
 #include "dcomm.h"
 
 #if DNCCL_BUILD_SPLIT
-/* Starts the split on p's handle; for a member, the child's handle goes
- * into c. 0 or an error. */
+/* Starts the split on p's handle; NCCL writes the child's handle into
+ * p->child_slot, possibly only once the parent's part is over (non-blocking
+ * mode: see dnccl_await_child). 0 or an error. */
 static int split_start(struct dnccl_comm *p, struct dnccl_comm *c, int color, int key) {
   const struct dcomm_host *h = p->ctx->host;
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;
   if (c) cfg.commName = c->label;
-  ncclComm_t nc = NULL;
   pthread_mutex_lock(&p->mu);
   int rc = dnccl_state_error(p, "ncclCommSplit");
   if (rc < 0 || !p->nc) { /* aborted since the caller looked */
@@ -38,11 +38,13 @@ static int split_start(struct dnccl_comm *p, struct dnccl_comm *c, int color, in
     return h->err(DCOMM_ENOTSUP, "nccl backend: cannot split %s: %s", p->label, why);
   }
   (void)cudaSetDevice(p->dev);
-  ncclResult_t nr = ncclCommSplit(p->nc, c ? color : NCCL_SPLIT_NOCOLOR, key, &nc, &cfg);
+  p->child_slot = NULL;
+  ncclResult_t nr = ncclCommSplit(p->nc, c ? color : NCCL_SPLIT_NOCOLOR, key, &p->child_slot, &cfg);
   char text[640] = "";
   if (nr != ncclSuccess && nr != ncclInProgress) dnccl_result_text(p->nc, nr, text, sizeof(text));
   pthread_mutex_unlock(&p->mu);
-  return dnccl_adopt(h, c, nc, nr, text, "ncclCommSplit", p->label);
+  if (nr == ncclSuccess || nr == ncclInProgress) return 0;
+  return dnccl_adopt(h, NULL, NULL, nr, text, "ncclCommSplit", p->label);
 }
 
 /* The child is ready: checks that NCCL ranked it as the spec says. */
@@ -87,8 +89,13 @@ int dnccl_comm_split(void *parent, int color, const struct dcomm_comm_spec *spec
   int rc = 0;
   if (spec && (rc = dnccl_comm_new(ctx, spec->comm_id, spec->rank, spec->size, spec->label, &c)) < 0) return rc;
   rc = split_start(p, c, color, spec ? spec->rank : 0);
-  /* The parent's part (the exchange of colors over its bootstrap). */
+  /* The parent's part (the exchange of colors over its bootstrap); the
+   * child's handle exists once it is over. */
+  ncclComm_t nc = NULL;
+  if (rc == 0) rc = dnccl_await_child(p, deadline, "ncclCommSplit (parent)", &nc);
   if (rc == 0) rc = dnccl_poll_ready(p, deadline, "ncclCommSplit (parent)");
+  if (rc == 0) rc = dnccl_adopt(h, c, nc, ncclSuccess, "", "ncclCommSplit", p->label);
+  else if (nc) (void)ncclCommAbort(nc);
   if (rc == 0 && c) {
     char what[96];
     snprintf(what, sizeof(what), "ncclCommSplit (rank %d of %d)", c->rank, c->size);

@@ -22,6 +22,22 @@ set -u
 cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
 CUDA=${CUDA_HOME:-/usr/local/cuda}
+# NCCL from pip (nvidia-nccl-cu*, as PyTorch images ship it) rather than
+# beside CUDA: a private CUDA_HOME that holds both, for the compiles below.
+if [ ! -e "$CUDA/include/nccl.h" ]; then
+  pipnccl=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)
+  if [ -n "$pipnccl" ] && [ -e "$pipnccl/lib/libnccl.so.2" ]; then
+    cu=$(mktemp -d /tmp/dcomm-cuda.XXXXXX)
+    mkdir -p "$cu/include" "$cu/lib64"
+    ln -sf "$CUDA"/include/* "$pipnccl"/include/* "$cu/include/"
+    ln -sf "$pipnccl/lib/libnccl.so.2" "$cu/lib64/libnccl.so.2"
+    ln -sf "$pipnccl/lib/libnccl.so.2" "$cu/lib64/libnccl.so"
+    for f in $(find "$CUDA/lib64/" "$CUDA/targets/" -name 'libcudart.so*' 2>/dev/null); do ln -sf "$f" "$cu/lib64/"; done
+    [ -e "$cu/lib64/libcudart.so" ] || ln -sf "$(ls "$cu"/lib64/libcudart.so.* | head -1)" "$cu/lib64/libcudart.so"
+    echo "NCCL from $pipnccl; CUDA_HOME for the compiles: $cu"
+    CUDA=$cu
+  fi
+fi
 BUDGET=${GPU_CHECK_BUDGET:-300}
 END=$((SECONDS + BUDGET))
 LOGDIR=$(mktemp -d /tmp/dcomm-gpu.XXXXXX)
