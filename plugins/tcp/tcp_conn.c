@@ -76,10 +76,12 @@ static int load_addrs(struct tcp_ctx *ctx, double deadline) {
   double left = deadline - h->now();
   int rc = h->store_allgather(h->store, "tcp/addr", h->world_rank, h->world_size, mine, mlen,
                               left > 0 ? left : 0.001, &all, &alen);
-  if (rc < 0)
-    return h->err(rc, "tcp: the address directory of the world's %d ranks was not complete in time (%s): did every "
-                      "rank start?",
-                  h->world_size, rc == DCOMM_ETIMEDOUT ? "timed out" : "store error");
+  if (rc < 0) {
+    char why[300]; /* which rank is missing (the store's message), copied before err rewrites it */
+    snprintf(why, sizeof(why), "%s", dcomm_last_error());
+    return h->err(rc, "tcp: the address directory of the world's %d ranks is not complete: %s (did every rank start?)",
+                  h->world_size, why);
+  }
   ctx->addrs = calloc((size_t)h->world_size, sizeof(*ctx->addrs));
   if (!ctx->addrs) {
     free(all);
