@@ -107,6 +107,23 @@ if grep -q "init failed: .*dcomm_selfloop.so is not a dcomm backend of ABI versi
 else
   result 1 "a table shorter than its mandatory ops is refused, naming the file"
 fi
+# The elastic demo and the examples' sources are installed, and the demo
+# runs from the install under the installed dcomm-run (what the pages show).
+libexec=${bindir%/bin}/libexec/dcomm  # exec_prefix = prefix here
+docex=${bindir%/bin}/share/doc/dcomm/examples
+if [ -x "$T/root$libexec/elastic_sgd" ] && [ -f "$T/root$docex/elastic_sgd.c" ] && [ -f "$T/root$docex/torch/elastic_ddp.py" ] &&
+  [ -f "$T/root$docex/k8s/job.yaml" ] && [ -f "$T/root$docex/slurm/dcomm-shrink.sbatch" ]; then
+  out=$(LD_LIBRARY_PATH="$T/root$lib" timeout 60 "$T/root$bindir/dcomm-run" --nproc-per-node 2 -- \
+    "$T/root$libexec/elastic_sgd" --steps 10 --checkpoint-every 5 --checkpoint-dir "$T/ck" 2>&1)
+  if echo "$out" | grep -q "final step=10 world=2 generation=0 "; then
+    result 0 "make install puts the elastic demo in libexec/dcomm and the examples in share/doc/dcomm/examples; the demo runs from there"
+  else
+    result 1 "the installed elastic demo runs under the installed dcomm-run" "$(echo "$out" | tail -5)"
+  fi
+else
+  result 1 "make install puts the elastic demo in libexec/dcomm and the examples in share/doc/dcomm/examples" \
+    "$(cd "$T/root" && find . -path '*libexec*' -o -path '*examples*' | head)"
+fi
 if DCOMM_PLUGIN_PATH=$T/mods/full LD_LIBRARY_PATH="$T/root$lib" "$T/root$bindir/dcomm-info" -e \
     >"$T/out" 2>"$T/err" && grep -q "DCOMM_SHM_SPIN" "$T/out"; then
   result 0 "dcomm-info -e lists the tcp backend's own parameters"
