@@ -118,6 +118,13 @@ else
   else
     result 1 "mpirun -np 4 elastic_sgd, failure-free" "exit $rc"
   fi
+  # dcomm's event registration makes no PMIx error (mpirun prints one of
+  # its own only when a process dies: dcomm_pmix(7)).
+  if grep -q 'PMIX ERROR' "$T/out" "$T/err"; then
+    result 1 "a failure-free dcomm job under mpirun prints no PMIx error" "$(grep -h 'PMIX ERROR' "$T/out" "$T/err" | head -2)"
+  else
+    result 0 "a failure-free dcomm job under mpirun prints no PMIx error"
+  fi
   sgd_np --enable-recovery -- --kill-rank 2 --kill-at-step 13
   f=$(final_line "$T/out")
   if [ "$rc" != 0 ]; then
