@@ -1024,7 +1024,7 @@ static void *racer_main(void *arg) {
  * elastic/plan/k, written by the same txn, must already be there. */
 struct observer {
   const struct store_factory *f;
-  volatile int stop;
+  int stop; /* set by the main thread: __atomic accesses */
   int rc, looks, torn;
   long torn_gen;
 };
@@ -1033,7 +1033,7 @@ static void *observer_main(void *arg) {
   struct observer *o = arg;
   struct dcomm_store *s = NULL;
   int rc = o->f->open(10.0, &s);
-  while (rc == 0 && !o->stop) {
+  while (rc == 0 && !__atomic_load_n(&o->stop, __ATOMIC_ACQUIRE)) {
     void *v = NULL, *pv = NULL;
     size_t n = 0, pn = 0;
     rc = dcomm__store_get(s, "elastic/gen", 5.0, &v, &n);
@@ -1074,7 +1074,7 @@ START_TEST(conf_txn_race) {
     ck_assert_int_eq(pthread_create(&th[i], NULL, racer_main, &r[i]), 0);
   }
   for (int i = 0; i < RACERS; i++) pthread_join(th[i], NULL);
-  obs.stop = 1;
+  __atomic_store_n(&obs.stop, 1, __ATOMIC_RELEASE);
   pthread_join(oth, NULL);
   pthread_barrier_destroy(&bar);
   for (int i = 0; i < RACERS; i++) ck_assert_msg(r[i].rc == 0, "racer %d failed with %d", i, r[i].rc);
