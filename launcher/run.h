@@ -14,6 +14,8 @@ enum run_policy { RUN_SHRINK, RUN_REPLACE, RUN_ALL };
 
 enum run_bind { RUN_BIND_AUTO = 0, RUN_BIND_CORE, RUN_BIND_NONE };
 
+#define RUN_MAX_NPROC 4096 /* --nproc-per-node and --min-nproc at most */
+
 struct run_opts {
   int nproc;             /* --nproc-per-node */
   enum run_bind bind;    /* --bind-to */

@@ -15,7 +15,6 @@
 
 #include <openssl/rand.h>
 
-#define RUN_MAX_NPROC 4096
 
 static const char usage_text[] =
     "usage: dcomm-run --nproc-per-node N [options] [--] PROGRAM [ARGS...]\n"

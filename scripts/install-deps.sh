@@ -5,7 +5,7 @@ set -euo pipefail
 pkgs=(build-essential autoconf automake libtool pkg-config check uuid-dev libssl-dev zlib1g-dev
       libcurl4-openssl-dev libjansson-dev libpmix-dev libpmix-bin openmpi-bin libopenmpi-dev
       iproute2 groff-base man-db procps bc etcd-server etcd-client curl python3-yaml openssl slurm-wlm munge
-      python3-torch python3-numpy python3-pytest)
+      python3-torch python3-numpy python3-pytest clang-14 libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -15,6 +15,7 @@
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -102,7 +103,7 @@ int dcomm__sock_connect(const char *host, int port, double deadline, int *fd) {
   struct addrinfo *res;
   int err = ETIMEDOUT;
   double backoff = 0.01;
-  unsigned seed = (unsigned)getpid() ^ (unsigned)(dcomm__now() * 1e6);
+  unsigned seed = (unsigned)getpid() ^ (unsigned)(uint64_t)(dcomm__now() * 1e6);
   DCOMM_CHECK(resolve(host, port, 0, &res));
   for (;;) {
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
