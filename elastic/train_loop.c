@@ -87,6 +87,16 @@ static int joiners_waiting(int *grow) {
   return 0;
 }
 
+/* The error a run ends with when it has used DCOMM_ELASTIC_MAX_RECOVERIES:
+ * the failure's own message, and why it was not repaired. */
+static int gave_up(int rc, long max_rec) {
+  char why[512];
+  snprintf(why, sizeof(why), "%s", dcomm_last_error());
+  return dcomm__err(rc, "%s; not recovered: this run has recovered %ld times, the most DCOMM_ELASTIC_MAX_RECOVERIES "
+                        "allows (raise it for a long job)",
+                    why, max_rec);
+}
+
 int dcomm_elastic_run(const dcomm_elastic_config_t *cfg) {
   if (!cfg || cfg->size < sizeof(*cfg) || cfg->version != 1 || !cfg->step)
     return dcomm__err(DCOMM_EINVAL, "dcomm_elastic_run: config missing, of another version, or without a step callback");
@@ -113,8 +123,10 @@ int dcomm_elastic_run(const dcomm_elastic_config_t *cfg) {
     }
     if (grow) {
       dcomm__err(0, "scale-up: admitting members that wait to join");
-    } else if (!dcomm_elastic_recoverable(rc) || !dcomm__w.elastic || recoveries >= max_rec) {
+    } else if (!dcomm_elastic_recoverable(rc) || !dcomm__w.elastic) {
       return rc;
+    } else if (recoveries >= max_rec) {
+      return gave_up(rc, max_rec);
     }
     if (!grow) recoveries++;
     double t0 = dcomm__now();
@@ -129,7 +141,7 @@ int dcomm_elastic_run(const dcomm_elastic_config_t *cfg) {
       recoveries++;
       DCOMM_LOG(WARN, ELASTIC, "recovery failed (%s): trying again", dcomm_last_error());
     }
-    if (err < 0) return err;
+    if (err < 0) return dcomm_elastic_recoverable(err) && recoveries >= max_rec ? gave_up(err, max_rec) : err;
     ch.new_world_size = dcomm__w.size;
     ch.new_rank = dcomm__w.rank;
     ch.generation = dcomm__w.generation;

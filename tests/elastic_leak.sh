@@ -19,7 +19,7 @@ run_pid=
 cleanup() { [ -n "$run_pid" ] && kill -KILL "$run_pid" 2>/dev/null; rm -rf "$T"; }
 trap cleanup EXIT
 . "${top_srcdir:-.}/tests/lib.sh"
-export DCOMM_TIMEOUT=30 DCOMM_HEARTBEAT_TIMEOUT=2
+export DCOMM_TIMEOUT=30 DCOMM_HEARTBEAT_TIMEOUT=2 DCOMM_ELASTIC_MAX_RECOVERIES=$((KILLS * 2 + 5))
 
 timeout -k 5 $((60 + KILLS * 15)) "$DCOMM_RUN" --nproc-per-node 3 --restart-policy replace \
   --max-restarts $((KILLS + 5)) --quiet-prefix -- "$W" "$T/stop" "$T/ckpt" >"$T/out" 2>"$T/err" </dev/null &
@@ -74,5 +74,7 @@ if [ -z "$why" ]; then
   [ "$a" -gt 0 ] && [ $((b - a)) -gt 65536 ] && why="${why:+$why; }heap grew from $a to $b bytes"
 fi
 sed 's/^/# /' "$T/res"
+# On a failure, what rank 0's process said (result shows only the tail).
+[ -z "$why" ] || grep -E ":$p0 |pid $p0\b|leak_worker: rank" "$T/err" | tail -n 30 | sed 's/^/# rank 0: /'
 result "$([ -z "$why" ]; echo $?)" "$killed kills, rank 0 through $(($(wc -l <"$T/res") - 1)) changes: no more fds, threads, maps; heap flat" "$why"
 finish
