@@ -66,6 +66,9 @@ static size_t piece(size_t n, size_t max) { return n < max ? n : max; }
 
 static int progress_send_ring(struct tcp_comm *c, struct tcp_xop *op, const struct dcomm_coll_args *a) {
   struct tcp_peer *p = &c->peers[op->peer];
+  /* A posted single-copy send may be acked already: the peer can read,
+   * ack and exit before this rank looks; its ring still holds the ack. */
+  if (op->cma) return await_ack(c, op, a);
   if (p->closed)
     return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: lost rank %d (world rank %d) while sending to it (its link closed)",
                     c->label, op->peer, tcp_world_of(c, op->peer));
@@ -77,8 +80,8 @@ static int progress_send_ring(struct tcp_comm *c, struct tcp_xop *op, const stru
     op->cma = 1;
     op->ticket = ++p->cma_sent;
     op->done = sizeof(op->hdr);
+    return await_ack(c, op, a);
   }
-  if (op->cma) return await_ack(c, op, a);
   if (op->done == 0) {
     long n = tcp_shm_put_frame(p->shm, &op->hdr, op->sbuf, piece(op->len, SHM_PIECE));
     if (n < 0) return 0;
