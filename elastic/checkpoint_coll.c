@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checkpoint_coll.h"
 #include "checkpoint_file.h"
 #include "dcomm_elastic.h"
 #include "error.h"
@@ -84,29 +85,45 @@ static int store_record(const char *dir, struct dcomm_ckpt_rec *rec) {
 }
 
 /* Rank 0: write the file, commit it in the store (the fence), then in the
- * directory. */
-static int write_and_commit(const char *dir, uint64_t step, const void *data, size_t len) {
+ * directory. *storage: the failure was the directory's (the file or the
+ * list), not the store's. A failed write leaves no file behind and the
+ * COMMITTED list as it was, so the last committed checkpoint stays the
+ * one restored. */
+static int write_and_commit(const char *dir, uint64_t step, const void *data, size_t len, int *storage) {
   struct dcomm_ckpt_rec rec;
   int keep = (int)dcomm__param_int(DCOMM_P_CHECKPOINT_KEEP);
+  *storage = 1;
   DCOMM_CHECK(dcomm__ckpt_write(dir, step, dcomm__w.generation, data, len, &rec));
+  *storage = 0;
   DCOMM_CHECK(store_commit(dir, &rec));
-  return dcomm__ckpt_commit(dir, &rec, keep < 1 ? 1 : keep);
+  *storage = 1;
+  DCOMM_CHECK(dcomm__ckpt_commit(dir, &rec, keep < 1 ? 1 : keep));
+  *storage = 0;
+  return 0;
 }
 
-int dcomm_checkpoint_save(const char *dir, uint64_t step, const void *data, size_t len) {
+int dcomm__checkpoint_save(const char *dir, uint64_t step, const void *data, size_t len, int *storage) {
+  if (storage) *storage = 0;
   if (!dir || !*dir) return dcomm__err(DCOMM_EINVAL, "dcomm_checkpoint_save: no directory");
   DCOMM_CHECK(dcomm_barrier(NULL));
-  int32_t rc = 0;
+  int32_t out[2] = {0, 0}; /* outcome, storage */
   char detail[512] = "";
   if (dcomm_rank() == 0) {
-    rc = write_and_commit(dir, step, data, len);
-    if (rc < 0) snprintf(detail, sizeof(detail), "%s", dcomm_last_error());
+    int st = 0;
+    out[0] = write_and_commit(dir, step, data, len, &st);
+    out[1] = out[0] < 0 && st;
+    if (out[0] < 0) snprintf(detail, sizeof(detail), "%s", dcomm_last_error());
   }
   /* The broadcast of the outcome is the second barrier: nobody goes on
    * before the checkpoint is committed (or known to have failed). */
-  DCOMM_CHECK(dcomm__control_bcast(&rc, sizeof(rc), "checkpoint save"));
-  if (rc < 0) return dcomm__err(rc, "checkpoint of step %" PRIu64 " failed on rank 0%s%s", step, *detail ? ": " : "", detail);
-  return 0;
+  DCOMM_CHECK(dcomm__control_bcast(out, sizeof(out), "checkpoint save"));
+  if (out[0] >= 0) return 0;
+  if (storage) *storage = out[1];
+  return dcomm__err(out[0], "checkpoint of step %" PRIu64 " failed on rank 0%s%s", step, *detail ? ": " : "", detail);
+}
+
+int dcomm_checkpoint_save(const char *dir, uint64_t step, const void *data, size_t len) {
+  return dcomm__checkpoint_save(dir, step, data, len, NULL);
 }
 
 /* What rank 0 found: the outcome, the step, the payload's length and the

@@ -1,7 +1,9 @@
 /*
  * train_loop.c: dcomm_elastic_run, the high-level training loop: restore
  * the newest committed checkpoint, run steps, checkpoint every N steps
- * (admitting members that wait to join at a checkpoint), and on a
+ * (admitting members that wait to join at a checkpoint; a directory that
+ * refuses one stops the run or, by DCOMM_CHECKPOINT_ON_ERROR, is skipped
+ * until it takes one again), and on a
  * recoverable error go through the generation transition, restore and
  * resume.
  */
@@ -12,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checkpoint_coll.h"
 #include "dcomm_elastic.h"
 #include "error.h"
 #include "keys.h"
@@ -48,7 +51,22 @@ static int restore(const dcomm_elastic_config_t *cfg, uint64_t *next) {
   return rc;
 }
 
-static int save(const dcomm_elastic_config_t *cfg, uint64_t step) {
+/* DCOMM_CHECKPOINT_ON_ERROR: 1 skip, 0 stop, < 0 a bad value. */
+static int skip_policy(void) {
+  const char *m = dcomm__param_str(DCOMM_P_CHECKPOINT_ON_ERROR);
+  if (!m || !*m || !strcmp(m, "stop")) return 0;
+  if (!strcmp(m, "skip")) return 1;
+  return dcomm__err(DCOMM_EINVAL, "DCOMM_CHECKPOINT_ON_ERROR='%s' is not stop or skip", m);
+}
+
+/* Checkpoints in a row that the directory refused (skip policy), for the
+ * message when it takes them again. */
+struct save_state {
+  int skip;
+  uint64_t failed, first_failed;
+};
+
+static int save(const dcomm_elastic_config_t *cfg, uint64_t step, struct save_state *ss) {
   void *data = NULL;
   size_t len = 0;
   int32_t ok = 1;
@@ -60,9 +78,28 @@ static int save(const dcomm_elastic_config_t *cfg, uint64_t step) {
     free(data);
     return 0;
   }
-  if (rc == 0) rc = dcomm_checkpoint_save(cfg->checkpoint_dir, step, data, len);
+  int storage = 0;
+  if (rc == 0) rc = dcomm__checkpoint_save(cfg->checkpoint_dir, step, data, len, &storage);
   free(data);
-  return rc;
+  if (rc == 0 && ss->failed) {
+    if (dcomm_rank() == 0)
+      DCOMM_LOG(WARN, ELASTIC, "checkpoints to %s work again: step %" PRIu64 " committed after %" PRIu64
+                " skipped (the first at step %" PRIu64 ")", cfg->checkpoint_dir, step, ss->failed, ss->first_failed);
+    ss->failed = 0;
+  }
+  if (rc == 0 || !storage) return rc;
+  /* The directory refused the checkpoint: nothing of it was committed and
+   * the earlier ones are as they were. */
+  char why[1024];
+  snprintf(why, sizeof(why), "%s", dcomm_last_error());
+  if (!ss->skip)
+    return dcomm__err(rc, "%s; the checkpoints committed before stay readable (DCOMM_CHECKPOINT_ON_ERROR=skip trains "
+                          "on and tries again at the next checkpoint)", why);
+  if (!ss->failed++) ss->first_failed = step;
+  if (dcomm_rank() == 0)
+    DCOMM_LOG(WARN, ELASTIC, "%s; training goes on without it (DCOMM_CHECKPOINT_ON_ERROR=skip): a failure now "
+              "resumes from an earlier checkpoint", why);
+  return 0;
 }
 
 /* Rank 0 looks for members waiting to join the next generation; the answer
@@ -103,6 +140,8 @@ int dcomm_elastic_run(const dcomm_elastic_config_t *cfg) {
   if (cfg->checkpoint_every && !cfg->checkpoint_dir)
     return dcomm__err(DCOMM_EINVAL, "dcomm_elastic_run: checkpoint_every without checkpoint_dir");
   long max_rec = dcomm__param_int(DCOMM_P_ELASTIC_MAX_RECOVERIES);
+  struct save_state ss = {.skip = skip_policy()};
+  if (ss.skip < 0) return ss.skip;
   uint64_t step;
   int rc = restore(cfg, &step);
   for (long recoveries = 0;;) {
@@ -110,7 +149,7 @@ int dcomm_elastic_run(const dcomm_elastic_config_t *cfg) {
     while (rc == 0 && step < cfg->total_steps && !grow) {
       rc = cfg->step(step, cfg->user);
       if (rc == 0 && cfg->checkpoint_every && ((step + 1) % cfg->checkpoint_every == 0 || step + 1 == cfg->total_steps)) {
-        rc = save(cfg, step);
+        rc = save(cfg, step, &ss);
         /* Scale up at a checkpoint: joiners enter the next generation. */
         if (rc == 0 && step + 1 < cfg->total_steps) rc = joiners_waiting(&grow);
       }
