@@ -7,13 +7,17 @@
  * one file opened through several handles, threads and processes as ranks
  * would. What only one implementation has is tested here: the TCP
  * handshake, raw and garbage frames through raw sockets, server stop and
- * connect timeouts; the file log's torn and corrupt records, its open
+ * connect timeouts, slow clients, a burst of 10 000 connections and the
+ * client limit; the file log's torn and corrupt records, its open
  * errors and the size of a failed txn's append.
  */
 #include "config.h"
 
+#include <arpa/inet.h>
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -309,8 +313,9 @@ START_TEST(tcp_wrong_token) {
 END_TEST
 
 START_TEST(tcp_wrong_purpose) {
-  /* A peer-link handshake passes authentication but is not a store client. */
-  check_refused_cannot_write(JOB, TOKEN, DCOMM_HS_PEER, 0);
+  /* A peer-link handshake passes authentication but is not a store
+   * client: its verdict says so (DCOMM_EPROTO), and nothing it sends counts. */
+  check_refused_cannot_write(JOB, TOKEN, DCOMM_HS_PEER, DCOMM_EPROTO);
 }
 END_TEST
 
@@ -418,21 +423,174 @@ START_TEST(tcp_garbage_before_handshake) {
 }
 END_TEST
 
-START_TEST(tcp_silent_connection) {
+/* 1 when fd's peer has closed (data discarded), without waiting. */
+static int closed_now(int fd) {
+  char buf[512];
+  for (;;) {
+    ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n > 0) continue;
+    return n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+  }
+}
+
+/* Slow clients hold a descriptor for a bounded time and delay nobody: a
+ * silent connection and one that trickles its handshake a byte every
+ * 0.5 s are dropped at the handshake timeout; an authenticated client
+ * that trickles a request frame is dropped at the frame timeout
+ * (DCOMM_TIMEOUT, at least 10 s) with an error answer, its frame unserved. */
+START_TEST(tcp_slow_clients) {
+  setenv("DCOMM_TIMEOUT", "1", 1); /* the frame timeout is then its floor, 10 s */
+  dcomm__params_load();
   struct dcomm_store *a = client();
   ok(dcomm__store_set(a, "keep", "intact", 6));
-  double t0 = dcomm__now();
-  int fd = raw_connect(NULL, NULL, 0, NULL);
-  /* Others are served while the silent one sits in its handshake. */
-  double t1 = dcomm__now();
-  expect_server_serves("keep", "intact");
-  ck_assert_msg(dcomm__now() - t1 < 2.0, "a silent connection delayed other clients");
-  ck_assert_msg(raw_eof(fd, DCOMM_STORE_HS_TIMEOUT + 5), "the server never dropped a silent connection");
-  double el = dcomm__now() - t0;
-  ck_assert_msg(el >= DCOMM_STORE_HS_TIMEOUT - 1 && el < DCOMM_STORE_HS_TIMEOUT + 5, "dropped after %.1f s", el);
-  close(fd);
+  enum { SILENT, HS_TRICKLE, FRAME_TRICKLE, N };
+  static const char *const what[N] = {"a silent connection", "a handshake trickled", "a request frame trickled"};
+  int fd[N];
+  double t0[N], gone[N] = {0, 0, 0};
+  t0[SILENT] = dcomm__now();
+  fd[SILENT] = raw_connect(NULL, NULL, 0, NULL);
+  t0[HS_TRICKLE] = dcomm__now();
+  fd[HS_TRICKLE] = raw_connect(NULL, NULL, 0, NULL);
+  fd[FRAME_TRICKLE] = raw_store();
+  t0[FRAME_TRICKLE] = dcomm__now();
+  /* A well-formed head that announces a 255-byte job id, then zeros; a
+   * SET of "slow" announcing 1000 bytes of value, then zeros. */
+  unsigned char hs[64] = {0x44, 0x43, 0x48, 0x53, 0, 0, 0, 1, 0, 0, 0, 1, 0, 255, 0, 0};
+  unsigned char fr[64], *p = fr;
+  p = dcomm__store_put_u8(p, DCOMM_STORE_CMD_SET);
+  p += put_str(p, "slow", 4);
+  dcomm__store_put_u32(p, 1000);
+  const unsigned char *bytes[N] = {NULL, hs, fr};
+  size_t sent[N] = {0, 0, 0};
+  int open = N;
+  while (open > 0 && dcomm__now() - t0[SILENT] < DCOMM_STORE_HS_TIMEOUT + 6) {
+    for (int i = 0; i < N; i++) {
+      if (gone[i]) continue;
+      if (closed_now(fd[i])) {
+        gone[i] = dcomm__now();
+        open--;
+      } else if (bytes[i] && sent[i] < 64) {
+        send(fd[i], bytes[i] + sent[i]++, 1, MSG_NOSIGNAL);
+      }
+    }
+    double t1 = dcomm__now();
+    expect_server_serves("keep", "intact");
+    ck_assert_msg(dcomm__now() - t1 < 2.0, "slow clients delayed other clients (%.2f s)", dcomm__now() - t1);
+    sleep_s(0.5);
+  }
+  for (int i = 0; i < N; i++) {
+    ck_assert_msg(gone[i] > 0, "the server never dropped %s", what[i]);
+    double el = gone[i] - t0[i], lo = i == FRAME_TRICKLE ? 10.0 : DCOMM_STORE_HS_TIMEOUT;
+    ck_assert_msg(el >= lo - 1 && el < lo + 5, "%s was dropped after %.1f s (expected about %.0f)", what[i], el, lo);
+    close(fd[i]);
+  }
+  expect_absent(a, "slow");
   expect_value(a, "keep", "intact", 6);
   dcomm__store_close(a);
+}
+END_TEST
+
+static int count_dir(const char *path) {
+  DIR *d = opendir(path);
+  int n = 0;
+  if (!d) return -1;
+  for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+static int connect_raw_now(int port_) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port_)};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+    close(fd);
+    fd = -1;
+  }
+  return fd;
+}
+
+/* 10 000 connection attempts in bursts of 500 open at once (a third closed
+ * at once, a third sending an HTTP request instead of a handshake, a third
+ * silent until the burst ends): the job's own client is served between
+ * bursts, the server (a thread of this process) starts no thread for them,
+ * and every one of their descriptors is closed afterwards. */
+START_TEST(tcp_connection_burst) {
+  struct dcomm_store *a = client();
+  ok(dcomm__store_set(a, "keep", "intact", 6));
+  int threads0 = count_dir("/proc/self/task"), fds0 = count_dir("/proc/self/fd"), threads_max = threads0;
+  enum { ROUNDS = 20, PER = 500 };
+  static const char http[] = "GET / HTTP/1.1\r\nHost: store\r\n\r\n";
+  double t0 = dcomm__now();
+  int made = 0;
+  for (int r = 0; r < ROUNDS; r++) {
+    int fds[PER];
+    for (int i = 0; i < PER; i++) {
+      fds[i] = connect_raw_now(port);
+      if (fds[i] < 0) continue;
+      made++;
+      if (i % 3 == 0) {
+        close(fds[i]);
+        fds[i] = -1;
+      } else if (i % 3 == 1) {
+        send(fds[i], http, sizeof(http) - 1, MSG_NOSIGNAL);
+      }
+    }
+    int th = count_dir("/proc/self/task");
+    if (th > threads_max) threads_max = th;
+    char v[16];
+    snprintf(v, sizeof(v), "%d", r);
+    ok(dcomm__store_set(a, "round", v, strlen(v)));
+    expect_value(a, "round", v, strlen(v));
+    for (int i = 0; i < PER; i++)
+      if (fds[i] >= 0) close(fds[i]);
+  }
+  double burst_s = dcomm__now() - t0;
+  int fds_now = -1;
+  for (double dl = dcomm__now() + 5; dcomm__now() < dl; sleep_s(0.05))
+    if ((fds_now = count_dir("/proc/self/fd")) <= fds0) break;
+  printf("burst: %d connections in %.2f s; threads %d -> at most %d; descriptors %d -> %d after %.2f s\n", made, burst_s,
+         threads0, threads_max, fds0, fds_now, dcomm__now() - t0 - burst_s);
+  ck_assert_int_ge(made, ROUNDS * PER * 9 / 10);
+  ck_assert_msg(threads_max <= threads0, "the server started threads for the burst: %d -> %d", threads0, threads_max);
+  ck_assert_msg(fds_now <= fds0, "descriptors of the burst left open: %d, %d before", fds_now, fds0);
+  expect_value(a, "keep", "intact", 6);
+  expect_server_serves("keep", "intact");
+  dcomm__store_close(a);
+}
+END_TEST
+
+/* DCOMM_STORE_MAX_CLIENTS: connections beyond it are closed as they come;
+ * a freed place is taken again. */
+START_TEST(tcp_max_clients) {
+  setenv("DCOMM_STORE_MAX_CLIENTS", "8", 1);
+  dcomm__params_load();
+  struct dcomm_store_server *small = NULL;
+  ok(dcomm__store_server_start("127.0.0.1", 0, JOB, TOKEN, &small));
+  int keep_port = port;
+  port = dcomm__store_server_port(small);
+  struct dcomm_store *c[8];
+  for (int i = 0; i < 8; i++) c[i] = client();
+  ok(dcomm__store_set(c[0], "k", "v", 1));
+  int extra = connect_raw_now(port);
+  ck_assert_int_ge(extra, 0);
+  ck_assert_msg(raw_eof(extra, 3), "a ninth connection was not closed");
+  close(extra);
+  struct dcomm_store *refused = NULL;
+  ck_assert_int_lt(dcomm__store_tcp_connect("127.0.0.1", port, JOB, TOKEN, 1.0, 0.3, &refused), 0);
+  dcomm__store_close(c[7]);
+  struct dcomm_store *again = NULL;
+  int rc = -1;
+  for (double dl = dcomm__now() + 3; rc != 0 && dcomm__now() < dl; sleep_s(0.05))
+    rc = dcomm__store_tcp_connect("127.0.0.1", port, JOB, TOKEN, 1.0, 0.3, &again);
+  ck_assert_msg(rc == 0, "the freed place was not taken again: %s", dcomm_last_error());
+  expect_value(again, "k", "v", 1);
+  dcomm__store_close(again);
+  for (int i = 0; i < 7; i++) dcomm__store_close(c[i]);
+  dcomm__store_server_stop(small);
+  port = keep_port;
+  unsetenv("DCOMM_STORE_MAX_CLIENTS");
+  dcomm__params_load();
 }
 END_TEST
 
@@ -657,13 +815,15 @@ static Suite *store_suite(void) {
   tcase_add_test(tc, tcp_stop_with_blocked_get);
   tcase_add_test(tc, tcp_connect_timeout_and_local_ip);
   tcase_add_test(tc, tcp_txn_wire);
+  tcase_add_test(tc, tcp_max_clients);
   suite_add_tcase(s, tc);
 
   /* Waits out the server's handshake deadline, hence its own time limit. */
   TCase *ts = tcase_create("tcp-slow");
   tcase_add_checked_fixture(ts, server_setup, server_teardown);
   tcase_set_timeout(ts, DCOMM_STORE_HS_TIMEOUT + 10);
-  tcase_add_test(ts, tcp_silent_connection);
+  tcase_add_test(ts, tcp_slow_clients);
+  tcase_add_test(ts, tcp_connection_burst);
   suite_add_tcase(s, ts);
 
   /* The conformance cases, on a fresh file each. */

@@ -9,6 +9,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "error.h"
@@ -16,7 +17,7 @@
 
 #define HS_MAGIC 0x44434853u /* "DCHS" */
 #define HS_VERSION 1
-#define NONCE_LEN 16
+#define NONCE_LEN DCOMM_HS_NONCE_LEN
 #define MAC_LEN 32
 
 struct hs_challenge {
@@ -33,6 +34,11 @@ struct hs_verdict {
   int32_t status;
   uint16_t msg_len, pad;
 };
+
+_Static_assert(sizeof(struct hs_answer_head) + DCOMM_HS_MAX_JOB + DCOMM_HS_MAX_HELLO + MAC_LEN <= DCOMM_HS_MAX_MSG &&
+                   sizeof(struct hs_challenge) <= DCOMM_HS_MAX_MSG &&
+                   sizeof(struct hs_verdict) + DCOMM_HS_MAX_VERDICT_MSG <= DCOMM_HS_MAX_MSG,
+               "DCOMM_HS_MAX_MSG holds every handshake message");
 
 static void compute_mac(const char *token, const unsigned char *nonce, uint32_t purpose, const char *job,
                         size_t job_len, const void *hello, size_t hello_len, unsigned char out[MAC_LEN]) {
@@ -55,43 +61,83 @@ static void compute_mac(const char *token, const unsigned char *nonce, uint32_t 
   HMAC(EVP_sha256(), token, (int)strlen(token), msg, n, out, &outlen);
 }
 
-static int send_verdict(int fd, int status, const char *msg, double deadline) {
-  struct hs_verdict v = {.status = (int32_t)htonl((uint32_t)status), .msg_len = htons((uint16_t)strlen(msg))};
-  DCOMM_CHECK(dcomm__sock_send_all(fd, &v, sizeof(v), deadline, -1));
-  return dcomm__sock_send_all(fd, msg, strlen(msg), deadline, -1);
+size_t dcomm__hs_challenge(unsigned char nonce[DCOMM_HS_NONCE_LEN], unsigned char *out) {
+  struct hs_challenge ch = {.magic = htonl(HS_MAGIC), .version = htonl(HS_VERSION)};
+  if (RAND_bytes(ch.nonce, NONCE_LEN) != 1) return 0;
+  memcpy(nonce, ch.nonce, NONCE_LEN);
+  memcpy(out, &ch, sizeof(ch));
+  return sizeof(ch);
 }
 
-int dcomm__hs_server(int fd, const char *job_id, const char *token, double deadline, struct dcomm_hs_peer *peer) {
-  struct hs_challenge ch = {.magic = htonl(HS_MAGIC), .version = htonl(HS_VERSION)};
-  if (RAND_bytes(ch.nonce, NONCE_LEN) != 1) return dcomm__err(DCOMM_ESYSTEM, "RAND_bytes failed");
-  DCOMM_CHECK(dcomm__sock_send_all(fd, &ch, sizeof(ch), deadline, -1));
+size_t dcomm__hs_verdict(int status, const char *msg, unsigned char *out) {
+  size_t ml = strlen(msg);
+  if (ml > DCOMM_HS_MAX_VERDICT_MSG) ml = DCOMM_HS_MAX_VERDICT_MSG;
+  struct hs_verdict v = {.status = (int32_t)htonl((uint32_t)status), .msg_len = htons((uint16_t)ml)};
+  memcpy(out, &v, sizeof(v));
+  memcpy(out + sizeof(v), msg, ml);
+  return sizeof(v) + ml;
+}
 
+int dcomm__hs_answer(const unsigned char *buf, size_t len, const unsigned char nonce[DCOMM_HS_NONCE_LEN],
+                     const char *job_id, const char *token, struct dcomm_hs_peer *peer, size_t *need,
+                     const char **refusal) {
   struct hs_answer_head h;
-  DCOMM_CHECK(dcomm__sock_recv_all(fd, &h, sizeof(h), deadline, -1));
+  *refusal = NULL;
+  *need = sizeof(h);
+  if (len < sizeof(h)) return 0;
+  memcpy(&h, buf, sizeof(h));
   if (ntohl(h.magic) != HS_MAGIC || ntohl(h.version) != HS_VERSION)
     return dcomm__err(DCOMM_EPROTO, "handshake: not a dcomm peer (bad magic or version)");
   size_t job_len = ntohs(h.job_len), hello_len = ntohs(h.hello_len);
   if (job_len > DCOMM_HS_MAX_JOB || hello_len > DCOMM_HS_MAX_HELLO)
     return dcomm__err(DCOMM_EPROTO, "handshake: oversized job id (%zu) or hello (%zu)", job_len, hello_len);
+  *need = sizeof(h) + job_len + hello_len + MAC_LEN;
+  if (len < *need) return 0;
   char job[DCOMM_HS_MAX_JOB + 1];
-  unsigned char mac[MAC_LEN], want[MAC_LEN];
-  DCOMM_CHECK(dcomm__sock_recv_all(fd, job, job_len, deadline, -1));
+  const unsigned char *p = buf + sizeof(h);
+  memcpy(job, p, job_len);
   job[job_len] = 0;
-  DCOMM_CHECK(dcomm__sock_recv_all(fd, peer->hello, hello_len, deadline, -1));
-  DCOMM_CHECK(dcomm__sock_recv_all(fd, mac, MAC_LEN, deadline, -1));
+  memcpy(peer->hello, p + job_len, hello_len);
+  const unsigned char *mac = p + job_len + hello_len;
+  unsigned char want[MAC_LEN];
   peer->purpose = ntohl(h.purpose);
   peer->hello_len = (uint16_t)hello_len;
-
   if (strlen(job) != job_len || strcmp(job, job_id) != 0) {
-    send_verdict(fd, DCOMM_EAUTH, "job id mismatch", deadline);
+    *refusal = "job id mismatch";
     return dcomm__err(DCOMM_EAUTH, "handshake: peer belongs to job '%s', this is job '%s'", job, job_id);
   }
-  compute_mac(token, ch.nonce, peer->purpose, job, job_len, peer->hello, hello_len, want);
+  compute_mac(token, nonce, peer->purpose, job, job_len, peer->hello, hello_len, want);
   if (CRYPTO_memcmp(mac, want, MAC_LEN) != 0) {
-    send_verdict(fd, DCOMM_EAUTH, "bad auth token", deadline);
+    *refusal = "bad auth token";
     return dcomm__err(DCOMM_EAUTH, "handshake: peer did not prove DCOMM_AUTH_TOKEN");
   }
-  return send_verdict(fd, 0, "", deadline);
+  return 1;
+}
+
+int dcomm__hs_server(int fd, const char *job_id, const char *token, double deadline, struct dcomm_hs_peer *peer) {
+  unsigned char nonce[NONCE_LEN], buf[sizeof(struct hs_answer_head) + DCOMM_HS_MAX_JOB + DCOMM_HS_MAX_HELLO + MAC_LEN];
+  unsigned char out[sizeof(struct hs_verdict) + DCOMM_HS_MAX_VERDICT_MSG];
+  size_t n = dcomm__hs_challenge(nonce, buf);
+  if (!n) return dcomm__err(DCOMM_ESYSTEM, "RAND_bytes failed");
+  DCOMM_CHECK(dcomm__sock_send_all(fd, buf, n, deadline, -1));
+  /* Exactly the answer's bytes: what follows on the socket is the caller's. */
+  size_t have = 0, need = 0;
+  const char *refusal;
+  int rc;
+  while ((rc = dcomm__hs_answer(buf, have, nonce, job_id, token, peer, &need, &refusal)) == 0) {
+    DCOMM_CHECK(dcomm__sock_recv_all(fd, buf + have, need - have, deadline, -1));
+    have = need;
+  }
+  if (refusal) { /* the verdict first; the caller gets the reason */
+    char why[512];
+    snprintf(why, sizeof(why), "%s", dcomm_last_error());
+    n = dcomm__hs_verdict(DCOMM_EAUTH, refusal, out);
+    dcomm__sock_send_all(fd, out, n, deadline, -1);
+    return dcomm__err(DCOMM_EAUTH, "%s", why);
+  }
+  if (rc < 0) return rc;
+  n = dcomm__hs_verdict(0, "", out);
+  return dcomm__sock_send_all(fd, out, n, deadline, -1);
 }
 
 int dcomm__hs_client(int fd, const char *job_id, const char *token, uint32_t purpose, const void *hello,
