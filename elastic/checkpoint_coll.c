@@ -92,14 +92,14 @@ static int store_record(const char *dir, struct dcomm_ckpt_rec *rec) {
 static int write_and_commit(const char *dir, uint64_t step, const void *data, size_t len, int *storage) {
   struct dcomm_ckpt_rec rec;
   int keep = (int)dcomm__param_int(DCOMM_P_CHECKPOINT_KEEP);
-  *storage = 1;
-  DCOMM_CHECK(dcomm__ckpt_write(dir, step, dcomm__w.generation, data, len, &rec));
   *storage = 0;
-  DCOMM_CHECK(store_commit(dir, &rec));
-  *storage = 1;
-  DCOMM_CHECK(dcomm__ckpt_commit(dir, &rec, keep < 1 ? 1 : keep));
-  *storage = 0;
-  return 0;
+  int rc = dcomm__ckpt_write(dir, step, dcomm__w.generation, data, len, &rec);
+  if (rc == 0) {
+    DCOMM_CHECK(store_commit(dir, &rec)); /* the only failure that is not the directory's */
+    rc = dcomm__ckpt_commit(dir, &rec, keep < 1 ? 1 : keep);
+  }
+  *storage = rc < 0;
+  return rc;
 }
 
 int dcomm__checkpoint_save(const char *dir, uint64_t step, const void *data, size_t len, int *storage) {

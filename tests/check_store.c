@@ -423,16 +423,6 @@ START_TEST(tcp_garbage_before_handshake) {
 }
 END_TEST
 
-/* 1 when fd's peer has closed (data discarded), without waiting. */
-static int closed_now(int fd) {
-  char buf[512];
-  for (;;) {
-    ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
-    if (n > 0) continue;
-    return n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-  }
-}
-
 /* Slow clients hold a descriptor for a bounded time and delay nobody: a
  * silent connection and one that trickles its handshake a byte every
  * 0.5 s are dropped at the handshake timeout; an authenticated client
@@ -466,7 +456,7 @@ START_TEST(tcp_slow_clients) {
   while (open > 0 && dcomm__now() - t0[SILENT] < DCOMM_STORE_HS_TIMEOUT + 6) {
     for (int i = 0; i < N; i++) {
       if (gone[i]) continue;
-      if (closed_now(fd[i])) {
+      if (raw_eof(fd[i], 0)) {
         gone[i] = dcomm__now();
         open--;
       } else if (bytes[i] && sent[i] < 64) {

@@ -618,6 +618,14 @@ static int do_del(struct dcomm_store_server *srv, struct rd *r) {
   return answer_ok(r->c, &existed, 1, NULL, 0);
 }
 
+/* Drops the first n bytes of the input (a served frame or handshake);
+ * what follows already started its frame's clock. */
+static void in_consume(struct conn *c, size_t n) {
+  c->in_len -= n;
+  if (c->in_len) memmove(c->in, c->in + n, c->in_len);
+  c->frame_dl = dcomm__now() + frame_timeout();
+}
+
 /* The request at the head of the input buffer: SV_NEED, SV_BLOCK, SV_DONE
  * (its frame consumed unless the connection is closing) or SV_CLOSE. */
 static int serve_frame(struct dcomm_store_server *srv, struct conn *c) {
@@ -637,11 +645,7 @@ static int serve_frame(struct dcomm_store_server *srv, struct conn *c) {
   }
   c->blocked = rc == SV_BLOCK;
   if (rc != SV_BLOCK) unwait(c);
-  if (rc == SV_DONE && !c->closing) {
-    c->in_len -= r.off;
-    if (c->in_len) memmove(c->in, c->in + r.off, c->in_len);
-    c->frame_dl = dcomm__now() + frame_timeout(); /* for bytes already in */
-  }
+  if (rc == SV_DONE && !c->closing) in_consume(c, r.off);
   return rc;
 }
 
@@ -665,9 +669,7 @@ static int serve_hs(struct dcomm_store_server *srv, struct conn *c) {
     return out_put(c, v, dcomm__hs_verdict(DCOMM_EPROTO, "not a store client", v), NULL, 0);
   }
   c->in_hs = 0;
-  c->in_len -= need;
-  if (c->in_len) memmove(c->in, c->in + need, c->in_len);
-  c->frame_dl = dcomm__now() + frame_timeout();
+  in_consume(c, need);
   return out_put(c, v, dcomm__hs_verdict(0, "", v), NULL, 0);
 }
 

@@ -115,8 +115,7 @@ int dcomm__hs_answer(const unsigned char *buf, size_t len, const unsigned char n
 }
 
 int dcomm__hs_server(int fd, const char *job_id, const char *token, double deadline, struct dcomm_hs_peer *peer) {
-  unsigned char nonce[NONCE_LEN], buf[sizeof(struct hs_answer_head) + DCOMM_HS_MAX_JOB + DCOMM_HS_MAX_HELLO + MAC_LEN];
-  unsigned char out[sizeof(struct hs_verdict) + DCOMM_HS_MAX_VERDICT_MSG];
+  unsigned char nonce[NONCE_LEN], buf[DCOMM_HS_MAX_MSG], out[DCOMM_HS_MAX_MSG];
   size_t n = dcomm__hs_challenge(nonce, buf);
   if (!n) return dcomm__err(DCOMM_ESYSTEM, "RAND_bytes failed");
   DCOMM_CHECK(dcomm__sock_send_all(fd, buf, n, deadline, -1));
