@@ -27,6 +27,7 @@
 #include "checkpoint_file.h"
 
 #include <dirent.h>
+#include <signal.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -41,6 +42,7 @@
 
 #include "error.h"
 #include "log.h"
+#include "param.h"
 
 #define IO_CHUNK ((size_t)1 << 30) /* largest single read/write/crc32 call */
 
@@ -192,6 +194,16 @@ static int mkdir_p(const char *dir) {
   return 0;
 }
 
+/* DCOMM_CHECKPOINT_TEST_DIE_FILE: the chaos soak's "checkpoint write killed
+ * midway". The file is taken (unlinked) by exactly one writer, which dies
+ * with only the header of its temp file written. */
+static void die_if_asked(const char *dir, const char *tmp_name) {
+  const char *f = dcomm__param_str(DCOMM_P_CHECKPOINT_TEST_DIE_FILE);
+  if (!f || !*f || unlink(f) < 0) return;
+  DCOMM_LOG(WARN, ELASTIC, "DCOMM_CHECKPOINT_TEST_DIE_FILE=%s: dying halfway through %s/%s", f, dir, tmp_name);
+  raise(SIGKILL);
+}
+
 int dcomm__ckpt_write(const char *dir, uint64_t step, int64_t generation, const void *data, size_t len,
                       struct dcomm_ckpt_rec *rec) {
   if (!dir || !*dir) return dcomm__err(DCOMM_EINVAL, "checkpoint write: empty directory name");
@@ -224,7 +236,9 @@ int dcomm__ckpt_write(const char *dir, uint64_t step, int64_t generation, const 
     close(dfd);
     return rc;
   }
-  if ((e = dcomm__ckpt_write_all(fd, raw, sizeof(raw))) < 0 || (len > 0 && (e = dcomm__ckpt_write_all(fd, data, len)) < 0)) {
+  e = dcomm__ckpt_write_all(fd, raw, sizeof(raw));
+  if (e >= 0) die_if_asked(dir, tmp_name);
+  if (e < 0 || (len > 0 && (e = dcomm__ckpt_write_all(fd, data, len)) < 0)) {
     rc = dcomm__err_sys(-e, "checkpoint write: write %s/%s (%zu payload bytes)", dir, tmp_name, len);
     goto fail_fd;
   }

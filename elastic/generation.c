@@ -12,6 +12,7 @@
  */
 #include "config.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,7 @@
 #include "error.h"
 #include "keys.h"
 #include "log.h"
+#include "param.h"
 #include "rounds.h"
 #include "shrink.h"
 #include "sock.h"
@@ -51,6 +53,19 @@ int dcomm_elastic_revoke(void) {
   return 0;
 }
 
+/* DCOMM_ELASTIC_TEST_DIE_BEFORE_BUILD: in the first recovery this process
+ * takes part in, the survivor of that old world rank dies once the plan is
+ * made, before the communicators are built: the others must not wait out
+ * DCOMM_TIMEOUT for an address it never publishes (tests/elastic_recovery.sh). */
+static void die_before_build(int old_rank) {
+  static int recovered_once;
+  long die = dcomm__param_int(DCOMM_P_ELASTIC_TEST_DIE_BEFORE_BUILD);
+  if (recovered_once++ || die < 0 || old_rank != die) return;
+  DCOMM_LOG(WARN, ELASTIC, "DCOMM_ELASTIC_TEST_DIE_BEFORE_BUILD=%ld: dying before building generation %ld", die,
+            __atomic_load_n(&dcomm__w.generation, __ATOMIC_ACQUIRE));
+  raise(SIGKILL);
+}
+
 int dcomm_elastic_recover(void) {
   struct dcomm_world *w = &dcomm__w;
   if (!w->initialized) return dcomm__err(DCOMM_ENOTINIT, "dcomm_elastic_recover: not initialized");
@@ -75,6 +90,7 @@ int dcomm_elastic_recover(void) {
   char(*plan)[40] = NULL;
   int missed = 0;
   int rc = dcomm__rounds_join(w, gen + 1, old_rank, old_size, &plan, &missed);
+  if (rc == 0) die_before_build(old_rank);
   /* A member left out of a plan missed a generation: the others rebuilt
    * their groups without it, so it comes back like a joiner, with none.
    * Rounds that formed nothing (abandoned, leader gone) do not count. */

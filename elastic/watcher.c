@@ -29,6 +29,8 @@ static void abort_generation(struct dcomm_world *w, long gen, const char *why) {
     if (strstr(why, "scale-up: ")) /* not a failure: members wait to join (train_loop.c) */
       DCOMM_LOG(INFO, ELASTIC, "scale-up: generation %ld ends to admit members that wait to join", gen);
     else DCOMM_LOG(WARN, ELASTIC, "generation %ld revoked (%s): aborting its communicators", gen, why);
+    /* Also ends the waits of communicators still being built (host.c). */
+    __atomic_store_n(&w->revoked, gen + 1, __ATOMIC_RELEASE);
     dcomm__world_abort_locked(w);
   }
   pthread_mutex_unlock(&w->lock);

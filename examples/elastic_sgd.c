@@ -11,6 +11,8 @@
  * The kills happen in the first life of the job only: generation 0 with
  * DCOMM_RESTART_COUNT unset or 0 (a batch script that reruns the job sets
  * it). --done-file F: rank 0 writes the final line to F when it finished.
+ * --sleep-ms MS --pace-file F: sleep MS per step only while F exists (a
+ * soak removes F to let the job run to its end at full speed).
  * --named-parity 1: the parity groups are made with dcomm_new_group_named
  * ("even", "odd"), each by its own members only.
  *
@@ -53,6 +55,7 @@ struct app {
   int kill_in_recovery; /* this rank (of the new world) dies while recovering */
   int every;
   int sleep_ms; /* per step, to make room for a demo's SIGSTOP */
+  const char *pace_file; /* if set, sleep_ms applies only while this file exists */
   int slow_rank, slow_ms; /* this rank computes slowly at the kill step */
   const char *done_file;  /* rank 0 writes the final line here when the job finished */
 };
@@ -104,7 +107,7 @@ static int step_fn(uint64_t step, void *user) {
    * before when the first death revokes the generation. */
   int together = strchr(a->kill_ranks, ',') != NULL;
   if (!a->kill_in_save && !together) maybe_die(a, step, "--kill-rank");
-  if (a->sleep_ms > 0) usleep((useconds_t)a->sleep_ms * 1000);
+  if (a->sleep_ms > 0 && (!a->pace_file || access(a->pace_file, F_OK) == 0)) usleep((useconds_t)a->sleep_ms * 1000);
   if (a->slow_rank == rank && (long)step == a->kill_at && first_life()) usleep((useconds_t)a->slow_ms * 1000);
   /* This rank's share of the step's batch. */
   int lo = BATCH * rank / size, hi = BATCH * (rank + 1) / size;
@@ -192,7 +195,7 @@ static void usage(void) {
   fprintf(stderr,
           "usage: elastic_sgd --steps N --checkpoint-every K --checkpoint-dir DIR [--lr X]\n"
           "                   [--kill-rank R[,R...] --kill-at-step S [--kill-in-save 1]] [--kill-in-recovery R]\n"
-          "                   [--sleep-ms MS] [--slow-rank R --slow-ms MS] [--done-file FILE] [--named-parity 1]\n");
+          "                   [--sleep-ms MS [--pace-file F]] [--slow-rank R --slow-ms MS] [--done-file FILE] [--named-parity 1]\n");
   exit(2);
 }
 
@@ -207,6 +210,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--checkpoint-dir")) dir = argv[++i];
     else if (!strcmp(argv[i], "--lr")) a.lr = atof(argv[++i]);
     else if (!strcmp(argv[i], "--sleep-ms")) a.sleep_ms = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--pace-file")) a.pace_file = argv[++i];
     else if (!strcmp(argv[i], "--slow-rank")) a.slow_rank = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--slow-ms")) a.slow_ms = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--kill-rank")) snprintf(a.kill_ranks, sizeof(a.kill_ranks), "%s", argv[++i]);

@@ -123,6 +123,12 @@ struct dcomm_host {
    * [off[r], off[r+1]) of *all. */
   int (*store_allgather)(void *store, const char *prefix, int rank, int n, const void *mine, size_t len,
                          double timeout, void **all, size_t *alllen);
+  /* Added later (present when size covers it): 0 while the generation whose
+   * communicators are being created stands; once it was revoked, a DCOMM
+   * error (message set) that a creation waiting for its peers should return
+   * instead of waiting out its deadline. store_get, store_allgather and
+   * sock_connect already end their waits by it. */
+  int (*creation_cancelled)(void);
 };
 
 struct dcomm_backend_v1 {
@@ -210,5 +216,10 @@ struct dcomm_backend_v1 {
 /* An optional op of table be, or NULL when be's table is too short for it. */
 #define DCOMM_BACKEND_OP(be, op)                                                                          \
   ((be)->size >= offsetof(struct dcomm_backend_v1, op) + sizeof((be)->op) ? (be)->op : NULL)
+
+/* A service of host h added after the first release, or NULL when the core
+ * that loaded the backend is older than it. */
+#define DCOMM_HOST_SERVICE(h, svc) \
+  ((h)->size >= offsetof(struct dcomm_host, svc) + sizeof((h)->svc) ? (h)->svc : NULL)
 
 #endif

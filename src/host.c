@@ -40,13 +40,36 @@ static int host_store_set(void *s, const char *key, const void *val, size_t len)
   return dcomm__store_set(s, key, val, len);
 }
 
+/* A backend's store waits (a communicator's creation) end once the
+ * generation they build is revoked: a member that died after the plan was
+ * made never publishes, and the others must not wait out DCOMM_TIMEOUT. */
+static int generation_revoked(void *unused) {
+  (void)unused;
+  long gen = __atomic_load_n(&dcomm__w.generation, __ATOMIC_ACQUIRE);
+  if (__atomic_load_n(&dcomm__w.revoked, __ATOMIC_ACQUIRE) != gen + 1) return 0;
+  return dcomm__err(DCOMM_EREVOKED, "generation %ld was revoked while its communicators were being created", gen);
+}
+
+static int host_cancelled(void) { return generation_revoked(NULL); }
+
+/* dcomm__sock_connect in slices, so that a peer that died after publishing
+ * its address does not hold the creation until its deadline. */
+static int host_sock_connect(const char *host, int port, double deadline, int *fd) {
+  for (;;) {
+    double slice = dcomm__now() + DCOMM_STORE_STOP_SLICE;
+    int rc = dcomm__sock_connect(host, port, slice < deadline ? slice : deadline, fd);
+    if (rc != DCOMM_ETIMEDOUT || dcomm__now() >= deadline) return rc;
+    DCOMM_CHECK(generation_revoked(NULL));
+  }
+}
+
 static int host_store_get(void *s, const char *key, double timeout, void **val, size_t *len) {
-  return dcomm__store_get(s, key, timeout, val, len);
+  return dcomm__store_get_stop(s, key, timeout, generation_revoked, NULL, val, len);
 }
 
 static int host_store_allgather(void *s, const char *prefix, int rank, int n, const void *mine, size_t len,
                                 double timeout, void **all, size_t *alllen) {
-  return dcomm__store_allgather(s, prefix, rank, n, mine, len, timeout, all, alllen);
+  return dcomm__store_allgather_stop(s, prefix, rank, n, mine, len, timeout, generation_revoked, NULL, all, alllen);
 }
 
 static int host_hs_server(int fd, double deadline, uint32_t *purpose, void *hello, size_t *hello_len) {
@@ -101,12 +124,13 @@ void dcomm__host_fill(struct dcomm_world *w) {
   h->store_set = host_store_set;
   h->store_get = host_store_get;
   h->store_allgather = host_store_allgather;
+  h->creation_cancelled = host_cancelled;
   h->reduce = dcomm__reduce;
   h->scale_div = dcomm__scale_div;
   h->dtype_name = dcomm__dtype_name;
   h->op_name = dcomm__op_name;
   h->sock_listen = dcomm__sock_listen;
-  h->sock_connect = dcomm__sock_connect;
+  h->sock_connect = host_sock_connect;
   h->sock_tune = dcomm__sock_tune;
   h->hs_server = host_hs_server;
   h->hs_client = host_hs_client;

@@ -38,6 +38,7 @@ struct dcomm_world {
   int initialized;
   int rank, size, local_rank, local_size;
   long generation;
+  long revoked; /* generation + 1 of the last generation the watcher aborted; 0: none */
   char job_id[256];
   char token[256];
   char listen_ip[64];

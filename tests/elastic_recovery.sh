@@ -48,6 +48,9 @@ case_run() {
   [ -z "$why" ] && ! echo "$f" | grep -q "world=$world generation=$gen " && why="expected world=$world generation=$gen, got '$f'"
   [ -z "$why" ] && ! awk -v a="$got" -v b="$ref" 'BEGIN{d=a-b; if(d<0)d=-d; exit !(d <= 1e-6 * (b<0?-b:b))}' &&
     why="loss $got differs from the failure-free $ref"
+  # MAX_SECONDS: a case that must not wait out DCOMM_TIMEOUT (60 s here).
+  [ -z "$why" ] && [ -n "${MAX_SECONDS:-}" ] && [ "$(echo "$t1 - $t0 > $MAX_SECONDS" | bc)" = 1 ] &&
+    why="took $(echo "$t1 - $t0" | bc) s, more than $MAX_SECONDS s: a wait ran to its timeout"
   # Workers carry their unique checkpoint dir on the command line.
   if pgrep -f -- "--checkpoint-dir $dir" >/dev/null 2>&1; then why="workers left behind"; fi
   if [ -z "$why" ]; then
@@ -92,6 +95,10 @@ case_run "all policy restarts every worker from the checkpoint" 4 0 --restart-po
 # computing: the leader must wait for the slow one (the dead one's ticket
 # does not count) and leave the dead one out of the plan.
 DCOMM_ELASTIC_TEST_DIE_AFTER_TICKET=1 case_run "a survivor dies right after joining the round: not counted, the slow one is waited for" 2 1 -- --kill-rank 2 --kill-at-step 23 --slow-rank 3 --slow-ms 3000
+# A survivor dies after the plan, before it publishes its address: the
+# launcher revokes the generation being built, and the others' waits for
+# that address end then (before, they waited out DCOMM_TIMEOUT).
+DCOMM_ELASTIC_TEST_DIE_BEFORE_BUILD=1 MAX_SECONDS=40 case_run "a survivor dies between the plan and the build: the wait for its address ends at the revoke" 2 2 -- --kill-rank 2 --kill-at-step 23
 
 # A survivor slower than DCOMM_TIMEOUT: the round's leader gives up on it
 # at the timeout and abandons the round (an empty plan); everyone moves to

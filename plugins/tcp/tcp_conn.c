@@ -196,6 +196,7 @@ static int accept_one(struct tcp_ctx *ctx, double deadline, int *fd, struct hell
   struct pollfd p = {.fd = ctx->lfd, .events = POLLIN};
   double left = deadline - h->now();
   if (left <= 0) return DCOMM_ETIMEDOUT;
+  if (left > 0.5) left = 0.5; /* the caller looks for a cancelled creation between waits */
   int n = poll(&p, 1, (int)(left * 1000) + 1);
   if (n < 0 && errno != EINTR) return h->err(DCOMM_ESYSTEM, "tcp: poll on the listener: %s", strerror(errno));
   if (n <= 0) return 0;
@@ -321,7 +322,13 @@ int tcp_connect_mesh(struct tcp_ctx *ctx, struct tcp_comm *c, double deadline) {
       return h->err(DCOMM_ETIMEDOUT, "tcp %s: timed out connecting", c->label);
     }
     if (rc < 0) return rc;
-    if (fd < 0) continue;
+    if (fd < 0) {
+      int (*cancelled)(void) = DCOMM_HOST_SERVICE(h, creation_cancelled);
+      if (cancelled && (rc = cancelled()) < 0)
+        return h->err(rc, "tcp %s: stopped waiting for %d more rank%s to connect", c->label, need,
+                      need == 1 ? "" : "s");
+      continue;
+    }
     if (hi.comm_id == c->id && (int)hi.size == c->size && (int)hi.rank > c->rank && (int)hi.rank < c->size &&
         c->peers[hi.rank].fd < 0) {
       adopt(c, (int)hi.rank, fd, shm);

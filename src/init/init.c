@@ -233,6 +233,7 @@ int dcomm_init(const char *backend, const char *init_method) {
   w->local_rank = spec.local_rank;
   w->local_size = spec.local_size;
   w->generation = 0;
+  w->revoked = 0;
   w->world.timeout = dcomm__param_double(DCOMM_P_TIMEOUT);
   w->elastic = dcomm__param_bool(DCOMM_P_ELASTIC);
   dcomm__log_set_identity(w->rank, w->generation);

@@ -225,7 +225,7 @@ static int call_locked(struct dcomm_etcd *c, const char *what, const char *path,
   if (!body) return dcomm__err(DCOMM_ENOMEM, "etcd %s: out of memory building the request", what);
   size_t blen = strlen(body);
   double start = dcomm__now(), deadline = start + timeout;
-  int reauthed = 0, attempts = 0, tried_in_round = 0, rc = 0;
+  int reauthed = 0, attempts = 0, tried_in_round = 0, rounds = 0, rc = 0;
   int last_err = DCOMM_EPEERLOST;
   char last_msg[512] = "";
   double backoff = 0.05;
@@ -238,10 +238,14 @@ static int call_locked(struct dcomm_etcd *c, const char *what, const char *path,
      * a member that stalls (a follower whose leader just died holds a
      * proposal until its own request timeout) does not use it all. A call
      * that must not be repeated once sent waits for its answer instead; only
-     * its connection attempt is sliced. */
+     * its connection attempt is sliced. The first pass over the endpoints
+     * gives each at most 1 s (a healthy member answers in milliseconds; a
+     * heartbeat held 3 s by a stalled member reads as a hung worker), later
+     * passes up to 3 s, so that a slow but working cluster still answers. */
     double at = left, cat = left;
     if (c->n > 1) {
       double slice = timeout / 4 < 1.0 ? 1.0 : (timeout / 4 > 3.0 ? 3.0 : timeout / 4);
+      if (rounds == 0 && slice > 1.0) slice = 1.0;
       if (cat > slice) cat = slice;
       if ((flags & CALL_IDEMPOTENT) && at > slice) at = slice;
     }
@@ -351,6 +355,7 @@ static int call_locked(struct dcomm_etcd *c, const char *what, const char *path,
     }
     if (tried_in_round >= c->n) {
       tried_in_round = 0;
+      rounds++;
       double l = deadline - dcomm__now();
       etcd__sleep_s(backoff < l ? backoff : l);
       backoff = backoff * 2 > 0.5 ? 0.5 : backoff * 2;

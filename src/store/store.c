@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "error.h"
 #include "param.h"
 #include "store_proto.h"
@@ -66,6 +67,24 @@ int dcomm__store_get(struct dcomm_store *s, const char *key, double timeout, voi
   DCOMM_CHECK(full_key(s, key, k));
   DCOMM_CHECK(resolve_timeout(s, timeout, &timeout));
   return s->ops->get(s, k, timeout, val, len);
+}
+
+int dcomm__store_get_stop(struct dcomm_store *s, const char *key, double timeout, dcomm_store_stop_fn stop, void *arg,
+                          void **val, size_t *len) {
+  if (!stop) return dcomm__store_get(s, key, timeout, val, len);
+  DCOMM_CHECK(check_handle(s));
+  DCOMM_CHECK(resolve_timeout(s, timeout, &timeout));
+  double deadline = dcomm__now() + timeout;
+  for (;;) {
+    double left = deadline - dcomm__now();
+    double slice = left < DCOMM_STORE_STOP_SLICE ? left : DCOMM_STORE_STOP_SLICE;
+    int rc = dcomm__store_get(s, key, slice > 0.001 ? slice : 0.001, val, len);
+    if (rc != DCOMM_ETIMEDOUT) return rc;
+    if (dcomm__now() >= deadline)
+      return dcomm__err(DCOMM_ETIMEDOUT, "store get: key '%s' not set within %.3f s (did every rank start?)", key,
+                        timeout);
+    DCOMM_CHECK(stop(arg));
+  }
 }
 
 int dcomm__store_add(struct dcomm_store *s, const char *key, int64_t delta, int64_t *result) {

@@ -95,6 +95,17 @@ int dcomm__store_delete(struct dcomm_store *s, const char *key, int *existed);
  * Every member calls it with the same prefix, unique to this exchange. */
 int dcomm__store_allgather(struct dcomm_store *s, const char *prefix, int rank, int n, const void *mine, size_t len,
                            double timeout, void **all, size_t *alllen);
+/* Waits that end early: stop(arg) is asked between slices of at most
+ * DCOMM_STORE_STOP_SLICE s and ends the wait with the error it returns (< 0;
+ * 0: go on). The core uses it so that the waits of a generation that was
+ * revoked while it was being built end at once, not at their timeout. */
+#define DCOMM_STORE_STOP_SLICE 0.5
+typedef int (*dcomm_store_stop_fn)(void *arg);
+int dcomm__store_get_stop(struct dcomm_store *s, const char *key, double timeout, dcomm_store_stop_fn stop, void *arg,
+                          void **val, size_t *len);
+int dcomm__store_allgather_stop(struct dcomm_store *s, const char *prefix, int rank, int n, const void *mine,
+                                size_t len, double timeout, dcomm_store_stop_fn stop, void *arg, void **all,
+                                size_t *alllen);
 void dcomm__store_close(struct dcomm_store *s);
 /* Ends a call blocked on s in another thread where the implementation can
  * (the TCP client); s is then only good for close. */

@@ -36,7 +36,8 @@ static int check_gathered(const void *all, size_t len, int n) {
 }
 
 /* Member 0: reads every member's value and builds the gathered one. */
-static int gather_all(struct dcomm_store *s, const char *prefix, int n, double deadline, void **all, size_t *alllen) {
+static int gather_all(struct dcomm_store *s, const char *prefix, int n, double deadline, dcomm_store_stop_fn stop,
+                      void *arg, void **all, size_t *alllen) {
   void **vals = calloc((size_t)n, sizeof(*vals));
   size_t *lens = calloc((size_t)n, sizeof(*lens));
   int rc = vals && lens ? 0 : dcomm__err(DCOMM_ENOMEM, "store all-gather: out of memory");
@@ -45,8 +46,8 @@ static int gather_all(struct dcomm_store *s, const char *prefix, int n, double d
   for (int r = 0; rc == 0 && r < n; r++) {
     double left = deadline - dcomm__now();
     snprintf(key, sizeof(key), "%s/%d", prefix, r);
-    rc = dcomm__store_get(s, key, left > 0.001 ? left : 0.001, &vals[r], &lens[r]);
-    if (rc < 0) rc = dcomm__err_ctx(rc, "member %d of %d never published %s", r, n, key);
+    rc = dcomm__store_get_stop(s, key, left > 0.001 ? left : 0.001, stop, arg, &vals[r], &lens[r]);
+    if (rc < 0 && rc != DCOMM_EREVOKED) rc = dcomm__err_ctx(rc, "member %d of %d never published %s", r, n, key);
     total += lens[r];
   }
   unsigned char *buf = rc == 0 ? malloc(total) : NULL;
@@ -71,6 +72,12 @@ static int gather_all(struct dcomm_store *s, const char *prefix, int n, double d
 
 int dcomm__store_allgather(struct dcomm_store *s, const char *prefix, int rank, int n, const void *mine, size_t len,
                            double timeout, void **all, size_t *alllen) {
+  return dcomm__store_allgather_stop(s, prefix, rank, n, mine, len, timeout, NULL, NULL, all, alllen);
+}
+
+int dcomm__store_allgather_stop(struct dcomm_store *s, const char *prefix, int rank, int n, const void *mine,
+                                size_t len, double timeout, dcomm_store_stop_fn stop, void *arg, void **all,
+                                size_t *alllen) {
   if (!all || !alllen || !prefix || n < 1 || rank < 0 || rank >= n || (len && !mine))
     return dcomm__err(DCOMM_EINVAL, "store all-gather: bad arguments");
   *all = NULL;
@@ -86,7 +93,7 @@ int dcomm__store_allgather(struct dcomm_store *s, const char *prefix, int rank, 
     char own[DCOMM_STORE_MAX_KEY + 1];
     snprintf(own, sizeof(own), "%s/0", prefix);
     DCOMM_CHECK(dcomm__store_set(s, own, mine, len));
-    DCOMM_CHECK(gather_all(s, prefix, n, deadline, all, alllen));
+    DCOMM_CHECK(gather_all(s, prefix, n, deadline, stop, arg, all, alllen));
     int rc = dcomm__store_set(s, key, *all, *alllen);
     for (int r = 0; rc == 0 && r < n; r++) {
       snprintf(own, sizeof(own), "%s/%d", prefix, r);
@@ -103,7 +110,8 @@ int dcomm__store_allgather(struct dcomm_store *s, const char *prefix, int rank, 
   snprintf(own, sizeof(own), "%s/%d", prefix, rank);
   DCOMM_CHECK(dcomm__store_set(s, own, mine, len));
   double left = deadline - dcomm__now();
-  int rc = dcomm__store_get(s, key, left > 0.001 ? left : 0.001, all, alllen);
+  int rc = dcomm__store_get_stop(s, key, left > 0.001 ? left : 0.001, stop, arg, all, alllen);
+  if (rc == DCOMM_EREVOKED) return rc;
   if (rc < 0) return dcomm__err_ctx(rc, "member 0 of %d never published %s", n, key);
   if (check_gathered(*all, *alllen, n) < 0) {
     free(*all);
