@@ -36,6 +36,29 @@ int dcomm__node_record_has_pid(const char *pids, long pid) {
   return 0;
 }
 
+int dcomm__ticket_parse(const void *val, size_t len, struct dcomm_ticket *t) {
+  char buf[128] = "";
+  if (len < sizeof(buf)) memcpy(buf, val, len);
+  memset(t, 0, sizeof(*t));
+  t->old_gen = -1;
+  t->old_size = -1;
+  if (sscanf(buf, "%39s %d %d %d %ld %ld %d", t->id, &t->old_rank, &t->slot, &t->local_rank, &t->pid, &t->old_gen,
+             &t->old_size) < 2)
+    return -1;
+  return 0;
+}
+
+int dcomm__worker_line_parse(const char *line, int *rank, int *local_rank, long *pid, char id[40]) {
+  return sscanf(line, "%d %d %ld %39s", rank, local_rank, pid, id) == 4 ? 0 : -1;
+}
+
+int dcomm__ckpt_last_parse(const char *text, unsigned long long *step, long long *gen, char *name, size_t n) {
+  char nm[256];
+  if (n == 0 || sscanf(text, "%llu %lld %255s", step, gen, nm) != 3) return -1;
+  snprintf(name, n, "%s", nm);
+  return 0;
+}
+
 int dcomm__store_peek(struct dcomm_store *s, const char *key, char *buf, size_t n) {
   void *val = NULL;
   size_t len = 0;

@@ -55,6 +55,24 @@ struct dcomm_store;
 /* A ticket: member id, old rank, node slot, local rank, pid, old
  * generation, old world size (-1 for a joiner's rank, generation, size). */
 #define DCOMM_TICKET_FMT "%s %d %ld %d %ld %ld %d"
+struct dcomm_ticket {
+  char id[40];
+  int old_rank;
+  int slot, local_rank; /* its launcher's node slot (0: none) and local rank */
+  long pid;             /* its process id (0: not given) */
+  long old_gen;         /* the generation it was a member of (-1: joiner) */
+  int old_size;         /* that generation's size (-1: joiner) */
+};
+/* Reads a ticket record (len bytes, NUL-terminated or not) into t: 0, or
+ * -1 when malformed (at least the id and old rank must be there; the
+ * rest default to 0, and old generation and size to -1). */
+int dcomm__ticket_parse(const void *val, size_t len, struct dcomm_ticket *t);
+/* One line of rdzv/workers/<slot> (DCOMM_WORKER_LINE_FMT, without its
+ * newline): 0, or -1 when malformed. */
+int dcomm__worker_line_parse(const char *line, int *rank, int *local_rank, long *pid, char id[40]);
+/* ckpt/last (DCOMM_CKPT_LAST_FMT): 0, or -1 when malformed; the file name
+ * is cut to n - 1 bytes. */
+int dcomm__ckpt_last_parse(const char *text, unsigned long long *step, long long *gen, char *name, size_t n);
 
 /* A node record: live workers, workers per node, host, the launcher's pid,
  * then " pids=P1,P2,..." (its live workers), " pids=-" (none) or nothing

@@ -144,19 +144,23 @@ static int holder_alive(const struct launchers *l, int slot, long pid) {
 
 /* Reads ticket t of round gen into j: 1 read, 0 absent or malformed. */
 static int read_ticket(struct dcomm_store *s, long gen, int64_t t, double wait, struct joiner *j) {
-  char key[128], buf[128] = "";
+  char key[128];
   void *val = NULL;
   size_t len = 0;
+  struct dcomm_ticket tk;
   snprintf(key, sizeof(key), DCOMM_KEY_TICKET_FMT, gen, (long long)t);
   if (dcomm__store_get(s, key, wait, &val, &len) < 0) return 0; /* took a ticket, then died */
-  if (len < sizeof(buf)) memcpy(buf, val, len);
+  int bad = dcomm__ticket_parse(val, len, &tk) < 0;
   free(val);
+  if (bad) return 0;
   memset(j, 0, sizeof(*j));
-  j->old_gen = -1;
-  j->old_size = -1;
-  if (sscanf(buf, "%39s %d %d %d %ld %ld %d", j->id, &j->old_rank, &j->slot, &j->local_rank, &j->pid, &j->old_gen,
-             &j->old_size) < 2)
-    return 0;
+  memcpy(j->id, tk.id, sizeof(j->id));
+  j->old_rank = tk.old_rank;
+  j->slot = tk.slot;
+  j->local_rank = tk.local_rank;
+  j->pid = tk.pid;
+  j->old_gen = tk.old_gen;
+  j->old_size = tk.old_size;
   j->ticket = (long)t;
   return 1;
 }
@@ -285,7 +289,7 @@ static void missing_members(struct dcomm_store *s, const struct launchers *l, lo
       int rank = 0, lr = 0;
       long pid = 0;
       char id[40];
-      if (sscanf(line, "%d %d %ld %39s", &rank, &lr, &pid, id) != 4) continue;
+      if (dcomm__worker_line_parse(line, &rank, &lr, &pid, id) < 0) continue;
       if (l->pids[slot] && !dcomm__node_record_has_pid(l->pids[slot], pid)) continue; /* not running */
       int joined = 0;
       for (int64_t i = 0; i < nh && !joined; i++) joined = have[i] == pid && have_slot[i] == slot;
@@ -568,25 +572,29 @@ static int join_round(struct dcomm_world *w, long gen, int old_rank, long old_ge
     return 0;
   }
   if (rc < 0) return dcomm__err_ctx(rc, "waiting for the plan of generation %ld", gen);
-  char *plan = val;
-  if (!len || plan[len - 1]) {
-    free(val);
-    return dcomm__err(DCOMM_EPROTO, "malformed plan for generation %ld", gen);
-  }
+  rc = dcomm__plan_parse(val, len, w->member_id, rank, size, ids);
+  free(val);
+  return rc < 0 ? dcomm__err_ctx(rc, "the plan of generation %ld", gen) : 0;
+}
+
+int dcomm__plan_parse(char *plan, size_t len, const char *me, int *rank, int *size, char (**ids)[40]) {
+  *rank = -1;
+  *size = 0;
+  *ids = NULL;
+  if (!len || plan[len - 1]) return dcomm__err(DCOMM_EPROTO, "malformed plan");
+  size_t lines = 0; /* a plan lists at most this many ids: a count beyond is a short plan */
+  for (size_t k = 0; k < len; k++) lines += plan[k] == '\n';
   char *save = NULL, *line = strtok_r(plan, "\n", &save);
   int n = line ? atoi(line) : 0, i = 0;
-  *rank = -1;
   *size = n;
-  *ids = n > 0 ? calloc((size_t)n, sizeof(**ids)) : NULL;
-  if (!*ids) {
-    free(val);
-    return n > 0 ? dcomm__err(DCOMM_ENOMEM, "out of memory") : 0;
-  }
+  if (n <= 0) return 0;
+  if ((size_t)n > lines) return 0; /* fewer ids than it says: a short plan, not usable (nothing allocated) */
+  *ids = calloc((size_t)n, sizeof(**ids));
+  if (!*ids) return dcomm__err(DCOMM_ENOMEM, "out of memory");
   for (; i < n && (line = strtok_r(NULL, "\n", &save)); i++) {
-    if (!strcmp(line, w->member_id)) *rank = i;
+    if (!strcmp(line, me)) *rank = i;
     snprintf((*ids)[i], sizeof((*ids)[i]), "%s", line);
   }
-  free(val);
   if (i < n) *rank = -1; /* a short plan: not usable */
   if (*rank < 0) {
     free(*ids);

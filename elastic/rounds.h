@@ -5,6 +5,7 @@
 #ifndef DCOMM_ELASTIC_ROUNDS_H
 #define DCOMM_ELASTIC_ROUNDS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 struct dcomm_world;
@@ -24,5 +25,12 @@ int dcomm__rounds_join(struct dcomm_world *w, long gen, int old_rank, int old_si
  * already spans (a spare node). 1 otherwise (also when it cannot tell). */
 struct dcomm_store;
 int dcomm__rounds_admissible(struct dcomm_store *s, long gen, int size, int64_t n);
+
+/* Reads the plan of a round (len bytes in plan, which it changes, NUL
+ * last): *size members; *rank: me's place in it, or -1 when it is not
+ * there or the plan is short (then *ids is NULL), else its member ids in
+ * rank order go to *ids (*size entries, the caller frees them). 0, or
+ * DCOMM_EPROTO when malformed. */
+int dcomm__plan_parse(char *plan, size_t len, const char *me, int *rank, int *size, char (**ids)[40]);
 
 #endif

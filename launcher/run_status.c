@@ -232,7 +232,7 @@ static int do_status(const struct st_args *a, struct src *s) {
   long long ck_gen = 0;
   char ck_name[64] = "";
   int have_ck = src_get(s, DCOMM_KEY_CKPT_LAST, buf, sizeof(buf)) == 1 &&
-                sscanf(buf, "%llu %lld %63s", &ck_step, &ck_gen, ck_name) == 3;
+                dcomm__ckpt_last_parse(buf, &ck_step, &ck_gen, ck_name, sizeof(ck_name)) == 0;
   /* The plan of the current generation: its members in rank order. */
   char *plan = NULL;
   int world = -1;
@@ -277,7 +277,7 @@ static int do_status(const struct st_args *a, struct src *s) {
       }
       struct member *m = &ms[nm];
       memset(m, 0, sizeof(*m));
-      if (sscanf(line, "%d %d %ld %39s", &m->rank, &m->local_rank, &m->pid, m->id) != 4) continue;
+      if (dcomm__worker_line_parse(line, &m->rank, &m->local_rank, &m->pid, m->id) < 0) continue;
       m->slot = (int)sl;
       m->plan_rank = -1;
       if (plan) {

@@ -9,8 +9,10 @@
  * each transport of the tcp backend forced (shared memory, the default on
  * one host, and TCP), a sender killed in the middle of a message larger
  * than the ring leaves its receiver with DCOMM_EPEERLOST (and nothing in
- * /dev/shm), and
- * DCOMM_TRANSPORT=shm fails clearly where shared memory cannot be used.
+ * /dev/shm),
+ * DCOMM_TRANSPORT=shm fails clearly where shared memory cannot be used, and
+ * a peer that finalizes while the others wait for it is named as having
+ * finalized, not as dead (also when its shared-memory ring was full).
  */
 #include "config.h"
 
@@ -388,6 +390,61 @@ START_TEST(test_shm_refused) {
 }
 END_TEST
 
+/* A peer that calls dcomm_finalize while the others still wait in a
+ * collective or a receive: they get DCOMM_EPEERLOST, soon, saying that
+ * world rank 1 finalized (not that it died). _i 0-3: bit 0 the transport
+ * (shm, tcp), bit 1 the call (all_reduce, recv); 4: over shared memory,
+ * rank 1 fills its 64 KiB ring to rank 0 with a message rank 0 never
+ * receives, then finalizes (its goodbye cannot go in the ring), and rank
+ * 0 calls all_reduce after that. */
+static int body_peer_finalized(int rank, int n, void *arg) {
+  int kind = *(int *)arg;
+  (void)n;
+  MP_OK(dcomm_barrier(NULL));
+  float x[64] = {0};
+  if (rank == 1) {
+    if (kind == 4) {
+      static float fill[16352]; /* with its header, exactly the ring */
+      MP_OK(dcomm_send(fill, 16352, DCOMM_FLOAT32, 0, 9, NULL));
+    } else {
+      usleep(300000); /* the others are waiting by now */
+    }
+    MP_OK(dcomm_finalize());
+    return 0;
+  }
+  if (kind == 4) usleep(500000); /* rank 1 is gone by now */
+  double t0 = mp_now();
+  int rc = kind & 2 ? dcomm_recv(x, 64, DCOMM_FLOAT32, 1, 5, NULL)
+                    : dcomm_all_reduce(x, 64, DCOMM_FLOAT32, DCOMM_SUM, NULL);
+  double took = mp_now() - t0;
+  const char *msg = dcomm_last_error();
+  fprintf(stderr, "[rank %d] %s after %.2f s: %s\n", rank, dcomm_error_name(rc), took, msg);
+  MP_REQUIRE(rc == DCOMM_EPEERLOST, "got %s, want DCOMM_EPEERLOST", dcomm_error_name(rc));
+  MP_REQUIRE(took < 5.0, "the error came after %.2f s", took);
+  MP_REQUIRE(strstr(msg, "world rank 1") && strstr(msg, "finalized") && !strstr(msg, "died or aborted"),
+             "the message does not say that world rank 1 finalized: %s", msg);
+  return 0;
+}
+
+START_TEST(test_peer_finalized) {
+  struct mp_result res;
+  int kind = _i;
+  setenv("DCOMM_TRANSPORT", kind & 1 ? "tcp" : "shm", 1);
+  setenv("DCOMM_TIMEOUT", "30", 1);
+  if (kind == 4) {
+    setenv("DCOMM_SHM_RING_SIZE", "65536", 1);
+    setenv("DCOMM_SHM_CMA_MIN", "0", 1); /* the message goes through the ring */
+  }
+  mp_run_ex(kind & 2 || kind == 4 ? 2 : 3, body_peer_finalized, &kind, 40, 0, &res);
+  unsetenv("DCOMM_TRANSPORT");
+  unsetenv("DCOMM_TIMEOUT");
+  unsetenv("DCOMM_SHM_RING_SIZE");
+  unsetenv("DCOMM_SHM_CMA_MIN");
+  ck_assert_int_eq(res.timed_out, 0);
+  ck_assert_msg(res.failed == 0, "kind %d: %d ranks failed", kind, res.failed);
+}
+END_TEST
+
 int main(void) {
   shared_kill_time = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   Suite *s = suite_create("faults");
@@ -406,6 +463,7 @@ int main(void) {
   tcase_add_loop_test(tc, test_kill_transport, 0, 2);
   tcase_add_test(tc, test_kill_sender_shm);
   tcase_add_loop_test(tc, test_shm_refused, 0, 2);
+  tcase_add_loop_test(tc, test_peer_finalized, 0, 5);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -2,15 +2,23 @@
  * check_groups.c: sub-groups as users build them: overlapping new_group
  * lists, a list in reverse order, split by color and key, nested splits,
  * non-member handles, interleaved collectives on different groups, and the
- * argument checks; named groups created by their members alone.
+ * argument checks; named groups created by their members alone; and, in
+ * elastic mode, a sub-group held across a recovery that fails and is
+ * retried: the retry works and the old handle is a non-member handle
+ * (DCOMM_ENOTMEMBER), not a crash.
  */
 #include "config.h"
 
 #include <check.h>
+#include <signal.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "dcomm.h"
+#include "dcomm_elastic.h"
 #include "harness.h"
 
 static int sum_world_ranks(dcomm_group_t g, int32_t *out) {
@@ -235,6 +243,71 @@ static int body_badnamed(int rank, int n, void *arg) {
 START_TEST(test_badnamed) { ck_assert_int_eq(mp_run(2, body_badnamed, NULL, 60), 0); }
 END_TEST
 
+/* Elastic mode, no launcher, 4 ranks with an even/odd split: rank 3
+ * SIGKILLs itself; in the first recovery rank 2 SIGKILLs itself after the
+ * plan (DCOMM_ELASTIC_TEST_DIE_BEFORE_BUILD), so ranks 0 and 1 fail to
+ * build it (DCOMM_TIMEOUT) and call dcomm_elastic_recover() again, as
+ * dcomm_elastic_run does. That retry must give them a world of 2. arg 1
+ * (DCOMM_ELASTIC_SHRINK=0, the rebuild path): the split's mapping went
+ * with the failed attempt, so it is a non-member handle: DCOMM_ENOTMEMBER,
+ * size 0, no crash. arg 0 (tcp's default, shrink in place): the failed
+ * attempt had already renumbered the groups to its plan, so the retry maps
+ * them on: each survivor's parity group is itself alone. */
+static int body_retry(int rank, int n, void *arg) {
+  int rebuild = *(int *)arg;
+  (void)n;
+  dcomm_group_t parity;
+  MP_OK(dcomm_group_split(NULL, rank % 2, 0, &parity));
+  MP_OK(dcomm_barrier(parity));
+  MP_OK(dcomm_barrier(NULL));
+  if (rank == 3) kill(getpid(), SIGKILL);
+  int32_t x = 1;
+  int rc = dcomm_all_reduce(&x, 1, DCOMM_INT32, DCOMM_SUM, NULL);
+  MP_REQUIRE(dcomm_elastic_recoverable(rc), "all_reduce after the kill: %s", dcomm_error_name(rc));
+  int tries = 0;
+  for (rc = -1; rc < 0 && tries < 4; tries++) {
+    rc = dcomm_elastic_recover();
+    fprintf(stderr, "[rank %d] recovery %d: %s %s\n", rank, tries + 1, dcomm_error_name(rc), rc ? dcomm_last_error() : "");
+    MP_REQUIRE(rc == 0 || dcomm_elastic_recoverable(rc), "recovery failed unrecoverably: %s", dcomm_error_name(rc));
+  }
+  MP_REQUIRE(rc == 0, "no recovery succeeded in %d tries", tries);
+  MP_REQUIRE(tries >= 2, "the first recovery did not fail (the test hook did not act)");
+  MP_REQUIRE(dcomm_world_size() == 2, "world of %d after the retry", dcomm_world_size());
+  x = 1;
+  MP_OK(dcomm_all_reduce(&x, 1, DCOMM_INT32, DCOMM_SUM, NULL));
+  MP_REQUIRE(x == 2, "sum %d on the new world", x);
+  rc = dcomm_all_reduce(&x, 1, DCOMM_INT32, DCOMM_SUM, parity);
+  if (rebuild) {
+    MP_REQUIRE(rc == DCOMM_ENOTMEMBER, "a collective on the old split returned %s, want DCOMM_ENOTMEMBER",
+               dcomm_error_name(rc));
+    MP_REQUIRE(dcomm_group_size(parity) == 0, "the old split has size %d", dcomm_group_size(parity));
+  } else {
+    MP_REQUIRE(rc == 0 && x == 2, "a collective on the mapped split: %s, %d", dcomm_error_name(rc), x);
+    MP_REQUIRE(dcomm_group_size(parity) == 1 && dcomm_group_rank(parity) == 0, "the mapped split: size %d rank %d",
+               dcomm_group_size(parity), dcomm_group_rank(parity));
+  }
+  MP_OK(dcomm_group_free(parity));
+  return 0;
+}
+
+START_TEST(test_failed_recovery_retry) {
+  struct mp_result res;
+  int rebuild = _i;
+  const char *env[][2] = {{"DCOMM_ELASTIC", "1"},           {"DCOMM_ELASTIC_SETTLE", "0.5"},
+                          {"DCOMM_TIMEOUT", "3"},           {"DCOMM_HEARTBEAT_TIMEOUT", "2"},
+                          {"DCOMM_ELASTIC_MIN_WORLD", "2"}, {"DCOMM_ELASTIC_TEST_DIE_BEFORE_BUILD", "2"},
+                          {"DCOMM_ELASTIC_SHRINK", rebuild ? "0" : "1"}};
+  for (size_t i = 0; i < sizeof(env) / sizeof(env[0]); i++) setenv(env[i][0], env[i][1], 1);
+  mp_run_ex(4, body_retry, &rebuild, 60, 0, &res);
+  for (size_t i = 0; i < sizeof(env) / sizeof(env[0]); i++) unsetenv(env[i][0]);
+  ck_assert_int_eq(res.timed_out, 0);
+  ck_assert_int_eq(res.exit_code[3], 128 + SIGKILL);
+  ck_assert_int_eq(res.exit_code[2], 128 + SIGKILL);
+  ck_assert_msg(res.exit_code[0] == 0 && res.exit_code[1] == 0, "survivors exited %d, %d", res.exit_code[0],
+                res.exit_code[1]);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("groups");
   TCase *tc = tcase_create("groups");
@@ -244,6 +317,7 @@ int main(void) {
   tcase_add_test(tc, test_badgroups);
   tcase_add_test(tc, test_named);
   tcase_add_test(tc, test_badnamed);
+  tcase_add_loop_test(tc, test_failed_recovery_retry, 0, 2);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

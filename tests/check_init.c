@@ -215,7 +215,23 @@ START_TEST(test_singleton_tcp) {
 END_TEST
 
 /* The usual mistakes at rendezvous fail fast and name the fix. arg: 0
- * rank 1 is told another WORLD_SIZE; 1 rank 1 has a wrong MASTER_PORT. */
+ * rank 1 is told another WORLD_SIZE; 1 rank 1 has a wrong MASTER_PORT;
+ * 2 (3 ranks) rank 0 and rank 1 are told 2, rank 2 is told 3 (rank 1
+ * starts 1 s late, so rank 2 has checked in before rank 0 heard from all of
+ * its world: rank 0 and 1 must not make a world of 2); 3 (3 ranks) rank 1
+ * is told 2, the others 3 (rank 2 agrees with rank 0, and still fails with
+ * both values); 4 (3 ranks) rank 2 checks in, then stalls before building
+ * the world (DCOMM_INIT_TEST_STALL_RANK): the others fail within about
+ * DCOMM_CONNECT_TIMEOUT (not DCOMM_TIMEOUT), naming it. */
+static const int mistake_ranks[] = {2, 2, 3, 3, 3};
+
+static int mistake_size(int kind, int rank, int n) {
+  if (kind == 0 && rank == 1) return n + 2;
+  if (kind == 2) return rank == 2 ? 3 : 2;
+  if (kind == 3) return rank == 1 ? 2 : 3;
+  return n;
+}
+
 static int body_mistake(int rank, int n, void *arg) {
   int kind = *(int *)arg;
   char v[32];
@@ -224,16 +240,28 @@ static int body_mistake(int rank, int n, void *arg) {
   setenv("MASTER_PORT", v, 1);
   snprintf(v, sizeof(v), "%d", rank);
   setenv("RANK", v, 1);
-  snprintf(v, sizeof(v), "%d", kind == 0 && rank == 1 ? n + 2 : n);
+  snprintf(v, sizeof(v), "%d", mistake_size(kind, rank, n));
   setenv("WORLD_SIZE", v, 1);
-  setenv("DCOMM_CONNECT_TIMEOUT", "2", 1);
+  /* 2, 3: a disagreement fails at once, not at a timeout */
+  setenv("DCOMM_CONNECT_TIMEOUT", kind == 2 || kind == 3 ? "10" : "2", 1);
+  setenv("DCOMM_TIMEOUT", "60", 1);
+  if (kind == 4) setenv("DCOMM_INIT_TEST_STALL_RANK", "2", 1);
+  if (kind == 2 && rank == 1) usleep(1000000);
   double t0 = mp_now();
   int rc = dcomm_init("tcp", NULL);
   double took = mp_now() - t0;
   const char *msg = dcomm_last_error();
+  fprintf(stderr, "[mistake %d, rank %d] %s after %.2f s: %s\n", kind, rank, dcomm_error_name(rc), took, msg);
   MP_REQUIRE(rc < 0, "init succeeded");
-  MP_REQUIRE(took < 6, "init failed only after %.1f s", took);
-  if (kind == 0) {
+  MP_REQUIRE(took < (kind == 4 && rank == 2 ? 8 : kind == 2 || kind == 3 ? 4 : 6), "init failed only after %.1f s: %s",
+             took, msg);
+  if (kind == 2 || kind == 3) {
+    MP_REQUIRE(rc == DCOMM_EINVAL && strstr(msg, "WORLD_SIZE disagrees") && strstr(msg, "told 2") &&
+                   strstr(msg, "told 3"), "the disagreement is not named with both values: %s", msg);
+  } else if (kind == 4) {
+    MP_REQUIRE(rank == 2 || (rc == DCOMM_ETIMEDOUT && strstr(msg, "world rank 2") &&
+                             strstr(msg, "DCOMM_CONNECT_TIMEOUT")), "the stalled rank is not named: %s", msg);
+  } else if (kind == 0) {
     MP_REQUIRE(rc == DCOMM_EINVAL && strstr(msg, "WORLD_SIZE disagrees") && strstr(msg, "told 2") &&
                    strstr(msg, "told 4"), "the disagreement is not named with both values: %s", msg);
   } else if (rank == 1) {
@@ -250,7 +278,7 @@ START_TEST(test_rendezvous_mistakes) {
   int kind = _i;
   clear_env();
   port_for_env = mp_free_port();
-  ck_assert_int_eq(mp_run_ex(2, body_mistake, &kind, 30, 1, &res), 0);
+  ck_assert_int_eq(mp_run_ex(mistake_ranks[kind], body_mistake, &kind, 30, 1, &res), 0);
   unsetenv("DCOMM_CONNECT_TIMEOUT");
 }
 END_TEST
@@ -394,7 +422,7 @@ int main(void) {
   tcase_add_test(tc, test_singleton_noenv);
   tcase_add_test(tc, test_method_table);
   tcase_add_test(tc, test_returned_errors_quiet);
-  tcase_add_loop_test(tc, test_rendezvous_mistakes, 0, 2);
+  tcase_add_loop_test(tc, test_rendezvous_mistakes, 0, 5);
   tcase_add_test(tc, test_set_stream_tcp);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);

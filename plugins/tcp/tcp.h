@@ -68,6 +68,10 @@ struct tcp_peer {
   int fd;
   int departed; /* sent BYE: finalized cleanly */
   int closed;   /* saw EOF */
+  /* A shared-memory link whose peer's ring was full when it finalized: its
+   * BYE came on the socket, after everything in the ring. A link found
+   * closed with the ring empty then says that the peer finalized. */
+  int bye_on_sock;
   int mid_send; /* a send stopped inside a frame: no ABORT can follow */
   int watch_off; /* pending data ahead of anything else: stop watching */
   struct tcp_hdr hdr; /* header being read / read but not consumed */
@@ -77,7 +81,7 @@ struct tcp_peer {
   struct tcp_uq *rx_uq; /* unexpected message whose payload is still arriving */
   size_t rx_got;        /* its payload bytes read so far */
   /* Shared-memory link: frames go through its rings, the socket carries
-   * only ABORT/WAKE frames and the end of file (closed) of a dead peer. */
+   * only ABORT/WAKE frames (and a BYE that found the ring full) and the end of file (closed) of a dead peer. */
   struct tcp_shm *shm;
   struct tcp_hdr shdr; /* socket header being read on a shm link */
   size_t sgot;
@@ -204,8 +208,13 @@ struct tcp_uq {
   struct tcp_uq *next;
   struct tcp_hdr hdr;
   void *data;
+  size_t cap;      /* bytes allocated at data: grows as the payload arrives */
   uint64_t serial; /* arrival order among the comm's queued messages */
 };
+/* The first allocation for an unexpected payload; it doubles as bytes come,
+ * so a header alone (a peer that announces 4 GiB and sends nothing) costs
+ * this much, not what it announced. */
+#define UQ_FIRST_CAP ((size_t)1 << 20)
 #define MAX_UNEXPECTED ((uint64_t)1 << 32)
 const char *tcp_coll_name(int c);
 int tcp_world_of(const struct tcp_comm *c, int r);

@@ -69,6 +69,9 @@ static int progress_send_ring(struct tcp_comm *c, struct tcp_xop *op, const stru
   /* A posted single-copy send may be acked already: the peer can read,
    * ack and exit before this rank looks; its ring still holds the ack. */
   if (op->cma) return await_ack(c, op, a);
+  if (p->closed && (p->departed || p->bye_on_sock))
+    return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: rank %d (world rank %d) finalized before reading this rank's data",
+                    c->label, op->peer, tcp_world_of(c, op->peer));
   if (p->closed)
     return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: lost rank %d (world rank %d) while sending to it (its link closed)",
                     c->label, op->peer, tcp_world_of(c, op->peer));
@@ -201,6 +204,9 @@ static int progress_send(struct tcp_comm *c, struct tcp_xop *op, const struct dc
       if (rc < 0) return rc;
     }
     p->closed = 1;
+    if (p->departed)
+      return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: rank %d (world rank %d) finalized before reading this rank's data",
+                      c->label, op->peer, tcp_world_of(c, op->peer));
     return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: lost rank %d (world rank %d) while sending to it (%s)", c->label,
                     op->peer, tcp_world_of(c, op->peer), n < 0 ? strerror(errno) : "closed");
   }
@@ -765,9 +771,14 @@ void tcp_close_links(struct tcp_comm *c) {
     if (p->fd < 0) continue;
     if (clean && !p->closed && !p->mid_send) {
       struct tcp_hdr h = {.magic = TCP_MAGIC, .type = TCP_F_BYE};
-      /* In order after the data, in the ring when there is one. */
-      if (p->shm) tcp_shm_put_frame(p->shm, &h, NULL, 0);
-      else if (send(p->fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) { /* best effort */ }
+      /* In order after the data, in the ring when there is one; a full ring
+       * (data the peer has not read yet) sends it on the link's socket,
+       * which the peer reads to its end once the ring is empty. */
+      if (p->shm) {
+        if (tcp_shm_put_frame(p->shm, &h, NULL, 0) < 0 && send(p->fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+          /* best effort */
+        }
+      } else if (send(p->fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) { /* best effort */ }
     }
     shutdown(p->fd, SHUT_WR);
     /* Empty the receive queue so close() sends FIN, not a reset that could

@@ -90,7 +90,7 @@ static int read_sock_full(struct tcp_comm *c, int peer, void *buf, size_t len, d
 
 int tcp_lost_msg(struct tcp_comm *c, int peer, const char *what) {
   struct tcp_peer *p = &c->peers[peer];
-  if (p->departed) return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: rank %d (world rank %d) has finalized", c->label, peer, tcp_world_of(c, peer));
+  if (p->departed || p->bye_on_sock) return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: rank %d (world rank %d) has finalized", c->label, peer, tcp_world_of(c, peer));
   return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: lost rank %d (world rank %d): its link closed%s (the process died or aborted)",
                   c->label, peer, tcp_world_of(c, peer), what);
 }
@@ -107,7 +107,8 @@ static int abort_from(struct tcp_comm *c, int peer, const struct tcp_hdr *h) {
 }
 
 /* Reads what the socket of a shared-memory link holds: wake-ups (dropped),
- * an ABORT (breaks the comm) or the end of file (sets closed). */
+ * an ABORT (breaks the comm), a BYE that found the ring full (noted for
+ * when the ring is empty) or the end of file (sets closed). */
 int tcp_shm_drain(struct tcp_comm *c, int peer) {
   struct tcp_peer *p = &c->peers[peer];
   while (!p->closed) {
@@ -124,6 +125,10 @@ int tcp_shm_drain(struct tcp_comm *c, int peer) {
       return tcp_fail(c, DCOMM_EPROTO, "tcp %s: garbage on the link from rank %d (world rank %d)", c->label, peer,
                       tcp_world_of(c, peer));
     if (p->shdr.type == TCP_F_ABORT) return abort_from(c, peer, &p->shdr);
+    if (p->shdr.type == TCP_F_BYE) { /* finalized with its ring full: the last frame */
+      p->bye_on_sock = 1;
+      continue;
+    }
     if (p->shdr.type != TCP_F_WAKE)
       return tcp_fail(c, DCOMM_EPROTO, "tcp %s: unexpected frame type %d on the socket of rank %d's shared-memory link",
                       c->label, p->shdr.type, peer);
@@ -154,8 +159,15 @@ static int fill_uq(struct tcp_comm *c, int peer) {
   struct tcp_peer *p = &c->peers[peer];
   struct tcp_uq *q = p->rx_uq;
   while (p->rx_got < q->hdr.len) {
+    if (p->rx_got == q->cap) {
+      size_t cap = q->cap * 2 < q->hdr.len ? q->cap * 2 : (size_t)q->hdr.len;
+      void *d = realloc(q->data, cap);
+      if (!d) return tcp_fail(c, DCOMM_ENOMEM, "tcp %s: out of memory queueing a message from rank %d", c->label, peer);
+      q->data = d;
+      q->cap = cap;
+    }
     char *dst = (char *)q->data + p->rx_got;
-    size_t want = q->hdr.len - p->rx_got;
+    size_t want = q->cap - p->rx_got;
     if (p->shm) {
       size_t n = tcp_shm_get(p->shm, dst, want);
       if (n) {
@@ -241,7 +253,10 @@ int tcp_take_control(struct tcp_comm *c, int peer, double deadline) {
       return tcp_fail(c, DCOMM_EPROTO, "tcp %s: rank %d sent an oversized message (%llu bytes)", c->label, peer,
                       (unsigned long long)h->len);
     struct tcp_uq *q = calloc(1, sizeof(*q));
-    if (q) q->data = malloc(h->len ? h->len : 1);
+    if (q) {
+      q->cap = h->len < UQ_FIRST_CAP ? (size_t)h->len : UQ_FIRST_CAP;
+      q->data = malloc(q->cap ? q->cap : 1);
+    }
     if (!q || !q->data) {
       if (q) free(q);
       return tcp_fail(c, DCOMM_ENOMEM, "tcp %s: out of memory queueing a message from rank %d", c->label, peer);

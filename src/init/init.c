@@ -17,6 +17,7 @@
 #include <uuid/uuid.h>
 
 #include "auth.h"
+#include "checkin.h"
 #include "elastic.h"
 #include "error.h"
 #include "etcd_client.h"
@@ -166,48 +167,6 @@ static void teardown(struct dcomm_world *w) {
   w->shrink_failed = 0;
 }
 
-/* The names of the world size and the store address in messages. */
-static const char *size_var(const struct dcomm_init_spec *spec) {
-  return spec->kind == DCOMM_IM_ENV ? "WORLD_SIZE" : "the world size (WORLD_SIZE or ?world_size=)";
-}
-
-/* Before the world is wired, every rank publishes the world size it was
- * told; rank 0 reads every other rank's and each other rank reads rank
- * 0's, so a disagreement fails both sides at once, naming both values,
- * and a rank that never reaches the store fails rank 0 within
- * DCOMM_CONNECT_TIMEOUT instead of the operation timeout. */
-static int check_world_size(struct dcomm_world *w, const struct dcomm_init_spec *spec) {
-  double ct = dcomm__param_double(DCOMM_P_CONNECT_TIMEOUT), until = dcomm__now() + ct;
-  char key[64], mine[16];
-  snprintf(mine, sizeof(mine), "%d", w->size);
-  char own[64];
-  snprintf(own, sizeof(own), "g0/init/size/%d", w->rank);
-  /* Rank 0 publishes first; any other rank only after it read rank 0's
-   * value, so rank 0 (which then fails and stops the store) cannot leave
-   * it without the answer. */
-  if (w->rank == 0) DCOMM_CHECK(dcomm__store_set(w->jstore, own, mine, strlen(mine) + 1));
-  for (int r = w->rank == 0 ? 1 : 0; r < (w->rank == 0 ? w->size : 1); r++) {
-    void *val = NULL;
-    size_t len = 0;
-    double left = until - dcomm__now();
-    snprintf(key, sizeof(key), "g0/init/size/%d", r);
-    int rc = dcomm__store_get(w->jstore, key, left > 0.001 ? left : 0.001, &val, &len);
-    if (rc == DCOMM_ETIMEDOUT)
-      return dcomm__err(rc, "world rank %d never reached the store within DCOMM_CONNECT_TIMEOUT=%g s: did it start, "
-                            "and does its MASTER_ADDR:MASTER_PORT (or init URL) name this store (%s:%d)?",
-                        r, ct, spec->host, spec->port);
-    if (rc < 0) return dcomm__err_ctx(rc, "reading world rank %d's world size from the store", r);
-    long theirs = len && ((char *)val)[len - 1] == 0 ? strtol(val, NULL, 10) : -1;
-    free(val);
-    if (w->rank != 0) DCOMM_CHECK(dcomm__store_set(w->jstore, own, mine, strlen(mine) + 1));
-    if (theirs != w->size)
-      return dcomm__err(DCOMM_EINVAL, "%s disagrees between ranks: this rank (%d) was told %d, world rank %d was "
-                                      "told %ld; give every rank the same value",
-                        size_var(spec), w->rank, w->size, r, theirs);
-  }
-  return 0;
-}
-
 /* Through this thread's own store link, never the watcher's: the watcher
  * holds its link for a whole blocking get (a heartbeat interval). */
 static int set_generation_zero(struct dcomm_world *w) {
@@ -261,14 +220,26 @@ int dcomm_init(const char *backend, const char *init_method) {
   rc = dcomm__backend_load(backend, &w->be, &w->be_module);
   if (rc < 0) return rc;
   double t0 = dcomm__now();
+  /* The first world's whole set-up (reaching the store, the check-in and
+   * the world's communicator) within DCOMM_CONNECT_TIMEOUT; a joiner's
+   * world is a recovery's, bounded by DCOMM_TIMEOUT. */
+  double until = t0 + dcomm__param_double(DCOMM_P_CONNECT_TIMEOUT);
   if ((rc = setup_store(w, &spec)) < 0) goto fail;
   if ((rc = dcomm__store_view(w->store, "", &w->jstore)) < 0) goto fail;
   w->initialized = 1; /* groups and the elastic layer need the world */
   /* The watcher starts first so that a joiner heartbeats while it waits. */
   if (w->elastic && (rc = dcomm__elastic_start(w)) < 0) goto fail;
   if (w->elastic && spec.join && (rc = dcomm__elastic_join(w)) < 0) goto fail;
-  if (!spec.join && w->size > 1 && (rc = check_world_size(w, &spec)) < 0) goto fail;
-  if ((rc = dcomm__world_build(w)) < 0) goto fail;
+  if (!spec.join && w->size > 1 && (rc = dcomm__checkin(w, &spec, until)) < 0) goto fail;
+  if (!spec.join) {
+    dcomm__checkin_test_stall(w);
+    double left = until - dcomm__now();
+    w->world.timeout = left < 0.001 ? 0.001 : left < w->world.timeout ? left : w->world.timeout;
+  }
+  rc = dcomm__world_build(w);
+  w->world.timeout = dcomm__param_double(DCOMM_P_TIMEOUT);
+  if (rc < 0 && !spec.join && w->size > 1) rc = dcomm__first_world_failed(w, rc);
+  if (rc < 0) goto fail;
   /* A world started from the launch ranks is generation 0: recovery rounds
    * must not take their first round for the job's first rendezvous. */
   if (w->elastic && !spec.join && w->rank == 0 && (rc = set_generation_zero(w)) < 0) goto fail;

@@ -81,7 +81,7 @@ int dcomm__store_get_stop(struct dcomm_store *s, const char *key, double timeout
     int rc = dcomm__store_get(s, key, slice > 0.001 ? slice : 0.001, val, len);
     if (rc != DCOMM_ETIMEDOUT) return rc;
     if (dcomm__now() >= deadline)
-      return dcomm__err(DCOMM_ETIMEDOUT, "store get: key '%s' not set within %.3f s (did every rank start?)", key,
+      return dcomm__err(DCOMM_ETIMEDOUT, "store get: key '%s' not set within %.3f s", key,
                         timeout);
     DCOMM_CHECK(stop(arg));
   }

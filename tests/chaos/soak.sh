@@ -3,7 +3,8 @@
 # (examples/elastic_sgd) trains on three hosts (network namespaces, two
 # workers each, one dcomm-run agent per host, --restart-policy replace)
 # through the etcd rendezvous on a three-member etcd cluster, while a
-# driver injects faults at random times drawn from a seeded generator:
+# driver injects faults at random times drawn from a seeded generator, the
+# kinds in shuffled rounds (each kind once a round, in a random order):
 #   worker-kill   SIGKILL of a random worker (its agent starts a replacement)
 #   worker-hang   SIGSTOP of a random worker past the heartbeat timeout
 #   worker-slow   SIGSTOP of a random worker for 1 s (a slow rank)
@@ -198,6 +199,7 @@ declare -A injected survived
 worst_detect=0 worst_rec=0 worst_prog=0 redone=0 worst_redone=0 joins=0 worst_join=0
 faults=0
 kindlist=($kinds)
+deck=()
 t0=$(ms)
 fmax() { awk -v a="$1" -v b="$2" 'BEGIN{print (a > b ? a : b)}'; }
 
@@ -252,7 +254,13 @@ while :; do
   for i in 1 2 3; do [ "${host_up[$i]}" = 1 ] || rejoin $i || break 2; done
   wait_world 6 60 || { bad "the job did not grow back to 6 workers within 60 s after fault $faults"; break; }
   sleep "$((RANDOM % 2)).$((RANDOM % 10))"
-  kind=$(pick "${kindlist[@]}")
+  # Kinds come in shuffled rounds: every kind once a round, in a seeded order.
+  if [ ${#deck[@]} -eq 0 ]; then
+    deck=("${kindlist[@]}")
+    for ((k = ${#deck[@]} - 1; k > 0; k--)); do j=$((RANDOM % (k + 1))); x=${deck[k]}; deck[k]=${deck[j]}; deck[j]=$x; done
+  fi
+  kind=${deck[0]}
+  deck=("${deck[@]:1}")
   host=$(( RANDOM % 3 + 1 ))
   before=$(max_step); r0=$(recoveries); t=$(ms)
   faults=$((faults + 1))

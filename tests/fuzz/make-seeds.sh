@@ -5,7 +5,12 @@
 # requests and answers, handshakes), a dcomm-run job over etcd through the
 # proxy (etcd's HTTP answers, watch streams), the checkpoints that job
 # writes, and hand-written values for the parsers of names and arguments
-# (hostlists, init URLs and environments, dcomm-run command lines).
+# (hostlists, init URLs and environments, dcomm-run command lines). The
+# node records (launcher records, tickets, plans, worker lists, ckpt/last)
+# are the values the dcomm-run job wrote to etcd; the tcp peer seeds come
+# from fuzz_tcp_peer's own recorder (both ranks real, rank 1's link
+# recorded), so they need a fuzzing build: FUZZ_BUILD=DIR (else the
+# committed tcp_peer seeds are kept).
 #   bash tests/fuzz/make-seeds.sh [BUILD_DIR]     (default ./build; needs etcd)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -17,8 +22,14 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; rm -rf "$T"; }
 trap cleanup EXIT
 C=$here/corpus
+[ -n "${FUZZ_BUILD:-}" ] || cp -r "$C/tcp_peer" "$T/tcp_peer-kept"
 rm -rf "$C"
-mkdir -p "$C"/{hostlist,init_method,checkpoint,store_server,store_client,etcd_client,run_args}
+mkdir -p "$C"/{hostlist,init_method,checkpoint,store_server,store_client,etcd_client,run_args,tcp_peer,node_records}
+if [ -n "${FUZZ_BUILD:-}" ]; then
+  DCOMM_FUZZ_TCP_RECORD="$C/tcp_peer" "$FUZZ_BUILD/tests/fuzz/fuzz_tcp_peer" -runs=0 >/dev/null
+else
+  cp "$T/tcp_peer-kept"/* "$C/tcp_peer/"
+fi
 unset DCOMM_INIT_METHOD DCOMM_STORE_PORT DCOMM_USE_AGENT_STORE
 export DCOMM_TIMEOUT=30 DCOMM_CONNECT_TIMEOUT=20
 
@@ -116,6 +127,39 @@ for c2s in sorted(glob.glob(T + "/etcd-rec/*.c2s")):
             if k < 4:  # a few answers of each kind
                 put("etcd_client", "op%02d-%d" % (op, k), bytes([op]) + resp)
                 seen[op] = k + 1
+# the values dcomm-run and the rounds put into etcd (put and txn bodies)
+import base64, json, re
+def kvs(obj):
+    if isinstance(obj, dict):
+        if "key" in obj and "value" in obj:
+            yield base64.b64decode(obj["key"]), base64.b64decode(obj["value"])
+        for v in obj.values():
+            yield from kvs(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from kvs(v)
+kinds = [(rb"rdzv/agent/\d+$", 0, "agent"), (rb"elastic/join/\d+/m/\d+$", 1, "ticket"),
+         (rb"elastic/plan/\d+$", 2, "plan"), (rb"rdzv/workers/\d+$", 3, "workers"), (rb"ckpt/last$", 4, "ckpt-last")]
+got = {}
+for c2s in sorted(glob.glob(T + "/etcd-rec/*.c2s")):
+    for req in http_split(open(c2s, "rb").read(), True):
+        body = req[req.find(b"\r\n\r\n") + 4:]
+        try:
+            pairs = list(kvs(json.loads(body)))
+        except ValueError:
+            continue
+        for k, v in pairs:
+            for pat, mode, tag in kinds:
+                if re.search(pat, k) and v not in got.setdefault(tag, []) and len(got[tag]) < 6:
+                    got[tag].append(v)
+                    if mode == 2:  # a member of the plan, then one that is not
+                        ids = v.split(b"\n")
+                        me = ids[1] if len(ids) > 2 else b"nobody"
+                        put("node_records", "%s-%d" % (tag, len(got[tag])), bytes([mode]) + me + b"\0" + v)
+                        put("node_records", "%s-%d-out" % (tag, len(got[tag])), bytes([mode]) + b"x\0" + v)
+                    else:
+                        put("node_records", "%s-%d" % (tag, len(got[tag])), bytes([mode]) + v)
+print("node records: %s" % {k: len(v) for k, v in got.items()})
 for d in (T + "/ckpt", T + "/ckpt2"):
     for f in sorted(glob.glob(d + "/ckpt-*.dcp"))[:3]:
         put("checkpoint", "file-" + os.path.basename(f), b"\x00" + open(f, "rb").read())

@@ -1,6 +1,6 @@
 """conftest.py: launching test ranks for the torch backend's pytest suites.
 
-run_ranks() starts `worker.py CASE` on n ranks under the build's dcomm-run
+run_ranks() starts `worker.py CASE` (or another script) on n ranks under the build's dcomm-run
 (or, with launcher="env", as plain processes with torchrun's variables and
 torch's own store), bounded in time, and returns (exit code, {rank: output}).
 The build tree is found through DCOMM_RUN and DCOMM_LIBRARY, which
@@ -41,7 +41,7 @@ def run_ranks(case, n, *args, launcher="dcomm-run", timeout=240, env=None, scrip
                 "DCOMM_INIT_METHOD", "DCOMM_USE_AGENT_STORE", "DCOMM_AGENT_STORE", "DCOMM_ELASTIC"):
         if env is None or var not in env:
             e.pop(var, None)
-    cmd = [sys.executable, script, case, *args]
+    cmd = [sys.executable, script, *([] if case is None else [case]), *args]  # case None: a script without one
     if launcher == "dcomm-run":
         if not DCOMM_RUN:
             pytest.skip("DCOMM_RUN is not set (run through make check)")

@@ -65,9 +65,40 @@ def test_ddp_matches_gloo():
 
 
 def test_bad_input_and_mismatch():
+    """Bad input and a wrong-device (meta) tensor are refused clearly; mismatched collectives raise
+    dcomm's EMISMATCH on the ranks themselves. The worker reports the exception it caught (and has
+    no OK line at all when the call returned): its class, code and name are checked here."""
     rc, outs, text = run_ranks("errors", 2)
-    assert len(ok_lines(outs, "errors")) == 2, text
-    assert re.search(r"mismatch|DCOMM_EMISMATCH", text, re.I), text
+    assert rc == 0, text
+    ok = ok_lines(outs, "errors")
+    assert len(ok) == 2, text
+    for r, o in ok.items():
+        m = re.search(r"^OK errors rank=\d+ class=(\w+) code=(-?\d+) name=(\w+) message=(.*)$", o, re.M)
+        assert m, o
+        cls, code, name, message = m.groups()
+        # rank 0 detects the mismatch; its abort carries the reason to the other rank
+        assert (cls, int(code), name) == ("Mismatch", -6, "DCOMM_EMISMATCH"), f"rank {r}: {m.group(0)}"
+        assert "DCOMM_EMISMATCH" in message and "mismatched calls" in message, f"rank {r}: {message}"
+        assert "count 4" in message and "count 5" in message, f"rank {r}: {message}"
+
+
+def test_reduce_scatter_tensor_and_avg():
+    """reduce_scatter_tensor, _reduce_scatter_base and ReduceOp.AVG (neither of which torch 1.13's gloo
+    has) on a world of 3 and a sub-group of 2."""
+    rc, outs, text = run_ranks("rs_avg", 3)
+    assert rc == 0, text
+    assert len(ok_lines(outs, "rs_avg")) == 3, text
+
+
+def test_monitored_barrier():
+    """dist.monitored_barrier is gloo's only in torch 1.13; the group's own one is bounded and names the
+    rank that stayed away."""
+    rc, outs, text = run_ranks("monitored_barrier", 2, timeout=120)
+    assert rc == 0, text
+    ok = ok_lines(outs, "monitored_barrier")
+    assert set(ok) == {0, 1}, text
+    assert "absent" in ok[1], text
+    assert "timed_out" in ok[0] and "DCOMM_ETIMEDOUT" in ok[0] and "rank 1" in ok[0], ok[0]
 
 
 def test_dead_rank_raises_recoverable_error():

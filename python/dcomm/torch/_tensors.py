@@ -104,6 +104,10 @@ def contiguous(t):
 
 def check_device(tensors, on_gpu):
     for t in tensors:
+        if t.device.type not in ("cpu", "cuda"):  # meta, mps, xla, ...: no memory dcomm can address
+            raise InvalidArgument(-1, f"a tensor on device '{t.device}' was given, but the dcomm backend takes "
+                                      f"{'CUDA' if on_gpu else 'CPU'} tensors on this world "
+                                      f"({A.backend_name()}); move it with .to('{'cuda' if on_gpu else 'cpu'}')")
         if t.is_cuda != on_gpu:
             where = "CUDA" if t.is_cuda else "CPU"
             need = "CUDA tensors (DCOMM_BACKEND=nccl)" if on_gpu else "CPU tensors"
