@@ -26,6 +26,7 @@ def test_torchrun_init_all_reduce_new_group(tmp_path):
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                         "DCOMM_INIT_METHOD", "DCOMM_USE_AGENT_STORE", "DCOMM_AGENT_STORE", "DCOMM_ELASTIC")}
+    env["TMPDIR"] = str(tmp_path)  # torchrun's torchelastic_* folders go where pytest removes them
     # Port 0: the agent's store binds a free port itself (no race with other tests for a port picked
     # here). -r 2 -t 1: torch 1.13's torchrun on Python 3.11 fails in its log set-up without redirects
     # (dcomm_torch(7)); -t 1 tees the workers' stdout back, prefixed with [default<rank>]:.

@@ -10,7 +10,9 @@ The backend is added to torch's feature lists for third-party backends
 tests/torch/torch-suite.sh runs it and checks the skips against
 tests/torch/expected-skips.txt.
 """
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 import unittest
@@ -19,7 +21,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "stubs"))  # expecttest
 os.environ.setdefault("BACKEND", "dcomm")
 os.environ.setdefault("WORLD_SIZE", "2")
-os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="dcomm-torch-suite-"))
+if "TEMP_DIR" not in os.environ:
+    # Made once, by the process that runs the suite (the ranks it spawns
+    # import this file with TEMP_DIR set), and removed when it exits.
+    os.environ["TEMP_DIR"] = tempfile.mkdtemp(prefix="dcomm-torch-suite-")
+    atexit.register(shutil.rmtree, os.environ["TEMP_DIR"], True)
 # The harness turns on DDP's ReplicatedTensor mode in every rank; it imports
 # torch.distributed._shard, which torch 1.13 cannot import on Python 3.11
 # (a dataclass with a mutable default): every DDP case then fails, with gloo

@@ -412,8 +412,11 @@ class ProcessGroupDcomm(ProcessGroup):
         T.check_device([t], self._on_gpu)
         o = T.Out(t)
         addr, count, dt = T.raw(o.c)
+        stream = torch.cuda.current_stream().cuda_stream if self._on_gpu else None
 
         def run(peer):
+            if stream is not None:  # on the caller's stream, as _post does for the other operations
+                check(lib.dcomm_set_stream(self._group, stream))
             check(lib.dcomm_recv(addr, count, dt, peer, tag, self._group))
             o.done()
         return self._exec.submit_recv(src, tag, run, [t], what)

@@ -138,6 +138,7 @@ class Executor:
         self.group = group  # dcomm Group, or None for the world
         self.timeout_s = timeout_s
         self._q = collections.deque()
+        self._no_probe = not has("dcomm_probe")  # also set once the backend refuses a probe (nccl)
         self._recvs = []
         self._cv = threading.Condition()
         self._stopping = False
@@ -223,13 +224,20 @@ class Executor:
                     self._progress_recvs(wait=item is None)
 
     def _progress_recvs(self, wait):
-        if not has("dcomm_probe"):
+        if self._no_probe:
             self._blocking_recvs()
             return
         matched = False
         for r in list(self._recvs):
             try:
-                got = A.probe(r.peer, r.tag, self.group, 0.0)
+                try:
+                    got = A.probe(r.peer, r.tag, self.group, 0.0)
+                except Error as e:
+                    if e.code != -7:
+                        raise
+                    self._no_probe = True  # the backend cannot probe (nccl): receive in order, blocking
+                    self._blocking_recvs()
+                    return
                 if got is None:
                     if time.monotonic() > r.deadline:
                         raise TimedOut(-3, f"{r.work._what}: no message with tag {r.tag} from "
@@ -260,12 +268,14 @@ class Executor:
                 pass  # seen again by the next pass
 
     def _blocking_recvs(self):
-        """Without dcomm_probe (an older libdcomm): receives block the thread in order."""
+        """Without a probe (an older libdcomm, or a backend such as nccl that has none): receives block
+        the thread in order."""
         while self._recvs:
             r = self._recvs.pop(0)
             try:
                 if r.peer < 0:
-                    raise error_for(-7, "recv from any source needs dcomm_probe, which this libdcomm lacks")
+                    raise error_for(-7, "recv from any source needs dcomm_probe, which this backend (or libdcomm) "
+                                          "lacks")
                 r.run(r.peer)
                 r.work._finish(src=r.peer)
             except BaseException as e:
