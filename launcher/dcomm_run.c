@@ -445,6 +445,55 @@ static void reap(struct agent *a) {
   }
 }
 
+/* A late heartbeat from a worker that spent at least this share of the time
+ * waiting for a processor is the host's overload, not a hang ... */
+#define STARVED_SHARE 0.25
+/* ... until it is this many heartbeat timeouts old. */
+#define STARVED_MAX_TIMEOUTS 10
+
+/* 1 when worker w, whose last heartbeat is age s old, is hung. A worker
+ * frozen by SIGSTOP, blocked, or whose watcher thread is stuck does not wait
+ * in the run queue; one that 100 processes on 2 cores starve does. The
+ * run-queue wait is sampled from half a second before the timeout on. */
+static int late_worker_hung(struct agent *a, struct run_worker *w, double age, double now) {
+  if (age <= a->hb_timeout - 0.5) {
+    w->late_t = 0;
+    w->starved = w->starved_logged = 0;
+    return 0;
+  }
+  unsigned long long wait = 0, own = 0;
+  int stopped = 0, own_stopped;
+  int known = run_proc_sched(w->pid, &wait, &stopped) == 0;
+  if (run_proc_sched(getpid(), &own, &own_stopped) < 0) own = 0;
+  if (w->late_t == 0) {
+    w->late_t = now;
+    w->late_wait = wait;
+    w->late_own_wait = own;
+    w->starved = -1; /* judged half a second from now */
+  } else if (known && now - w->late_t >= 0.5) {
+    double span = now - w->late_t;
+    double waited = wait > w->late_wait ? (double)(wait - w->late_wait) / 1e9 : 0.0;
+    /* The heartbeat goes through this agent's store server: its own wait
+     * for a processor delays it as much. */
+    double own_waited = own > w->late_own_wait ? (double)(own - w->late_own_wait) / 1e9 : 0.0;
+    if (own_waited > waited) waited = own_waited;
+    w->starved = waited >= STARVED_SHARE * span;
+    if (w->starved && !w->starved_logged && age > a->hb_timeout) {
+      run_log("worker %d (pid %d): its last heartbeat is %.1f s old, but it (or this agent, which carries its "
+              "heartbeats) waited for a processor %.0f%% of the last %.1f s: the host is overloaded, the worker is "
+              "not hung; it is killed if still silent at %.0f s",
+              w->rank, (int)w->pid, age, 100.0 * waited / span, span, STARVED_MAX_TIMEOUTS * a->hb_timeout);
+      w->starved_logged = 1;
+    }
+    w->late_t = now;
+    w->late_wait = wait;
+    w->late_own_wait = own;
+  }
+  if (age <= a->hb_timeout) return 0;
+  if (!known || stopped || w->starved == 0) return 1;
+  return w->starved > 0 && age > STARVED_MAX_TIMEOUTS * a->hb_timeout;
+}
+
 static void heartbeat_check(struct agent *a) {
   double now = dcomm__now(), wall = wall_now();
   if (a->rdzv && !run_rdzv_healthy(a->rdzv)) return; /* etcd, not the workers, is silent */
@@ -463,10 +512,10 @@ static void heartbeat_check(struct agent *a) {
       /* While this agent was frozen, it could not take the heartbeats (it
        * hosts the store): they count from its return. */
       double age = wall - (t > a->resumed_at ? t : a->resumed_at);
-      if (age > a->hb_timeout) {
-        run_log("worker %d (pid %d) is hung: its last heartbeat is %.1f s old (DCOMM_HEARTBEAT_TIMEOUT %g s); "
+      if (late_worker_hung(a, w, age, now)) {
+        run_log("worker %d (pid %d) is hung: its last heartbeat is %.1f s old (DCOMM_HEARTBEAT_TIMEOUT %g s)%s; "
                 "killing it",
-                w->rank, (int)w->pid, age, a->hb_timeout);
+                w->rank, (int)w->pid, age, a->hb_timeout, w->starved > 0 ? " although it waits for a processor" : "");
         w->hung = 1;
         kill(w->pid, SIGKILL);
       }

@@ -59,6 +59,13 @@ struct run_worker {
   int dead;        /* exited otherwise */
   int agent_stop;  /* the agent stopped it while tearing the job down */
   int hung;        /* the agent killed it for a lost heartbeat */
+  /* While its heartbeat is late: the run-queue wait measured when it went
+   * late (monotonic time; ns, its own and the agent's, whose store carries
+   * the heartbeats) and whether the last look found it starved
+   * (1), not (0) or has not judged yet (-1). */
+  double late_t;
+  unsigned long long late_wait, late_own_wait;
+  int starved, starved_logged;
   int status;      /* wait status once reaped */
   double spawn_t, exit_t; /* monotonic */
   struct run_stream s[2]; /* stdout, stderr */
@@ -94,6 +101,12 @@ void run_stream_pump(struct run_stream *s, int rank, int quiet);
 void run_stream_close(struct run_stream *s, int rank, int quiet);
 /* "exited with status 3" / "killed by signal 9 (Killed)". */
 void run_describe_status(int status, char *buf, size_t n);
+/* How the kernel schedules pid: the run-queue wait of all its threads
+ * together (ns, /proc/PID/task/N/schedstat) and whether every thread is
+ * stopped (SIGSTOP, a debugger). -1 when /proc says nothing of it. A worker
+ * whose heartbeat is late while it waits for a processor is starved (an
+ * overloaded host), not hung. */
+int run_proc_sched(pid_t pid, unsigned long long *wait_ns, int *stopped);
 /* One line "dcomm-run: ..." on stderr, written at once. */
 void run_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

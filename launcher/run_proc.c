@@ -16,6 +16,7 @@
 #include "run.h"
 
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
@@ -160,6 +161,49 @@ void run_describe_status(int status, char *buf, size_t n) {
   } else {
     snprintf(buf, n, "wait status 0x%x", (unsigned)status);
   }
+}
+
+/* ---- scheduling: frozen or starved ---- */
+
+int run_proc_sched(pid_t pid, unsigned long long *wait_ns, int *stopped) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+  DIR *d = opendir(path);
+  if (!d) return -1;
+  unsigned long long sum = 0;
+  int threads = 0, halted = 0, read_any = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    long tid = strtol(e->d_name, NULL, 10);
+    char f[96], buf[512];
+    threads++;
+    snprintf(f, sizeof(f), "/proc/%d/task/%ld/schedstat", (int)pid, tid);
+    FILE *fp = fopen(f, "r");
+    if (fp) {
+      unsigned long long run, wait;
+      if (fscanf(fp, "%llu %llu", &run, &wait) == 2) {
+        sum += wait;
+        read_any = 1;
+      }
+      fclose(fp);
+    }
+    /* The state is the field after the command name's closing ')'. */
+    snprintf(f, sizeof(f), "/proc/%d/task/%ld/stat", (int)pid, tid);
+    fp = fopen(f, "r");
+    if (fp) {
+      size_t n = fread(buf, 1, sizeof(buf) - 1, fp);
+      buf[n] = 0;
+      const char *rp = strrchr(buf, ')');
+      if (rp && (rp[1] == ' ') && (rp[2] == 'T' || rp[2] == 't')) halted++;
+      fclose(fp);
+    }
+  }
+  closedir(d);
+  if (!read_any) return -1;
+  *wait_ns = sum;
+  *stopped = threads > 0 && halted == threads;
+  return 0;
 }
 
 /* ---- the environment ---- */
