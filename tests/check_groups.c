@@ -138,6 +138,33 @@ static int body_badgroups(int rank, int n, void *arg) {
 START_TEST(test_badgroups) { ck_assert_int_eq(mp_run(2, body_badgroups, NULL, 60), 0); }
 END_TEST
 
+/* The tcp backend reads its settings when each communicator is created
+ * (dcomm-bench --tune compares values in one job this way): a bad
+ * DCOMM_ALGO set after dcomm_init fails the next group's creation, naming
+ * it, and the group after it is fixed works. */
+static int body_settings_at_creation(int rank, int n, void *arg) {
+  (void)n;
+  (void)arg;
+  dcomm_group_t g = NULL;
+  int all[] = {0, 1};
+  setenv("DCOMM_ALGO", "fastest", 1);
+  MP_REQUIRE(dcomm_new_group(all, 2, &g) == DCOMM_EINVAL, "a group created with DCOMM_ALGO=fastest");
+  MP_REQUIRE(strstr(dcomm_last_error(), "DCOMM_ALGO='fastest'") != NULL, "message: %s", dcomm_last_error());
+  setenv("DCOMM_ALGO", "all_reduce=ring", 1);
+  MP_OK(dcomm_new_group(all, 2, &g));
+  float x[64];
+  for (int i = 0; i < 64; i++) x[i] = (float)(rank + i);
+  MP_OK(dcomm_all_reduce(x, 64, DCOMM_FLOAT32, DCOMM_SUM, g));
+  for (int i = 0; i < 64; i++) MP_REQUIRE(x[i] == (float)(1 + 2 * i), "element %d: %g", i, (double)x[i]);
+  MP_OK(dcomm_group_free(g));
+  unsetenv("DCOMM_ALGO");
+  MP_OK(dcomm_barrier(NULL));
+  return 0;
+}
+
+START_TEST(test_settings_at_creation) { ck_assert_int_eq(mp_run(2, body_settings_at_creation, NULL, 60), 0); }
+END_TEST
+
 /* dcomm_new_group_named at world 3: "a" on ranks 0,1 and "b" on ranks
  * 1,2, each created by its members only (rank 2 never calls "a", rank 0
  * never "b"); a non-member's call returns at once; a second live group of
@@ -315,6 +342,7 @@ int main(void) {
   tcase_add_test(tc, test_overlap);
   tcase_add_test(tc, test_split);
   tcase_add_test(tc, test_badgroups);
+  tcase_add_test(tc, test_settings_at_creation);
   tcase_add_test(tc, test_named);
   tcase_add_test(tc, test_badnamed);
   tcase_add_loop_test(tc, test_failed_recovery_retry, 0, 2);

@@ -1,7 +1,8 @@
 /*
  * check_params.c: unit tests for the typed parameter registry (src/param.c
  * and src/util/params.def): defaults, parsing of each type from the environment,
- * errors that name the bad variable, the registry's own consistency, and
+ * errors that name the bad variable, the tuning file between the defaults
+ * and the environment, the registry's own consistency, and
  * that dcomm(7) documents every parameter.
  *
  * Each test runs in its own forked process, so it may change the
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "dcomm.h"
 #include "error.h"
@@ -384,6 +386,70 @@ START_TEST(test_man_page_lists_all) {
 }
 END_TEST
 
+/* Writes text to a fresh file and points DCOMM_TUNING_FILE at it. */
+static void tuning_file(char *path, size_t n, const char *text) {
+  snprintf(path, n, "/tmp/check_params_tuning.XXXXXX");
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+  close(fd);
+  setenv("DCOMM_TUNING_FILE", path, 1);
+}
+
+/* The tuning file's values stand between the defaults and the
+ * environment, for the core's parameters and for a backend's. */
+START_TEST(test_tuning_layers) {
+  char path[64];
+  clear_env();
+  unsetenv("DCOMM_SHM_SPIN");
+  tuning_file(path, sizeof(path),
+              "# measured here\n\n  DCOMM_TIMEOUT = 42\nDCOMM_SHM_SPIN=7\nDCOMM_TCP_CHUNK_SIZE=1K\n"
+              "DCOMM_TCP_CHUNK_SIZE=64K\n");
+  ck_assert_int_eq(dcomm__params_load(), 0);
+  ck_assert_double_eq(dcomm__param_double(DCOMM_P_TIMEOUT), 42.0);
+  ck_assert_str_eq(dcomm__param_by_name("DCOMM_SHM_SPIN"), "7");         /* a backend's */
+  ck_assert_str_eq(dcomm__param_by_name("DCOMM_TCP_CHUNK_SIZE"), "64K"); /* a later line wins */
+  ck_assert_str_eq(dcomm__param_by_name("DCOMM_CONTROL_PATH"), "auto");  /* not in the file */
+  setenv("DCOMM_TIMEOUT", "9", 1);
+  setenv("DCOMM_SHM_SPIN", "3", 1);
+  ck_assert_int_eq(dcomm__params_load(), 0);
+  ck_assert_double_eq(dcomm__param_double(DCOMM_P_TIMEOUT), 9.0); /* the environment wins */
+  ck_assert_str_eq(dcomm__param_by_name("DCOMM_SHM_SPIN"), "3");
+  /* none: no file, the defaults again */
+  unsetenv("DCOMM_TIMEOUT");
+  setenv("DCOMM_TUNING_FILE", "none", 1);
+  ck_assert_int_eq(dcomm__params_load(), 0);
+  ck_assert_double_eq(dcomm__param_double(DCOMM_P_TIMEOUT), 300.0);
+  unlink(path);
+}
+END_TEST
+
+/* A malformed file, a value its parameter cannot take and a named file
+ * that is missing are errors naming the file (and the line), and leave
+ * the defaults in force. */
+START_TEST(test_tuning_errors) {
+  char path[64];
+  clear_env();
+  tuning_file(path, sizeof(path), "DCOMM_TIMEOUT=42\nnot a setting\n");
+  dcomm__err_clear();
+  ck_assert_int_eq(dcomm__params_load(), DCOMM_EINVAL);
+  ck_assert_ptr_nonnull(strstr(dcomm_last_error(), path));
+  ck_assert_ptr_nonnull(strstr(dcomm_last_error(), "line 2"));
+  ck_assert_double_eq(dcomm__param_double(DCOMM_P_TIMEOUT), 300.0);
+  unlink(path);
+
+  tuning_file(path, sizeof(path), "DCOMM_TIMEOUT=soon\n");
+  ck_assert_int_eq(dcomm__params_load(), DCOMM_EINVAL);
+  ck_assert_ptr_nonnull(strstr(dcomm_last_error(), "DCOMM_TIMEOUT='soon' in the tuning file"));
+  ck_assert_double_eq(dcomm__param_double(DCOMM_P_TIMEOUT), 300.0);
+  unlink(path);
+
+  setenv("DCOMM_TUNING_FILE", "/nonexistent/dcomm-tuning.conf", 1);
+  ck_assert_int_eq(dcomm__params_load(), DCOMM_ESYSTEM);
+  ck_assert_ptr_nonnull(strstr(dcomm_last_error(), "/nonexistent/dcomm-tuning.conf (DCOMM_TUNING_FILE)"));
+}
+END_TEST
+
 static Suite *params_suite(void) {
   Suite *s = suite_create("params");
   TCase *tc = tcase_create("registry");
@@ -404,6 +470,11 @@ static Suite *params_suite(void) {
   tcase_add_test(tc, test_parsers_bool_double);
   tcase_add_loop_test(tc, test_bad_value, 0, (int)(sizeof(bad_values) / sizeof(bad_values[0])));
   tcase_add_test(tc, test_bad_value_others_kept);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("tuning");
+  tcase_add_test(tc, test_tuning_layers);
+  tcase_add_test(tc, test_tuning_errors);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("docs");

@@ -24,6 +24,9 @@
  *
  *   ./dcomm-run --nproc-per-node 4 -- ./dcomm-bench -o all_reduce -b 8 -e 64M -f 4
  *
+ * dcomm-bench --tune FILE measures the settings that depend on the machine
+ * and writes them as a tuning file (bench_tune.c).
+ *
  * Exit status: 0 success, 1 a dcomm call failed or a result was wrong,
  * 2 a usage error. See dcomm-bench(1).
  */
@@ -34,6 +37,7 @@
 #include <time.h>
 
 #include "bench_cuda.h"
+#include "bench_tune.h"
 #include "bench_util.h"
 #include "dcomm.h"
 
@@ -42,8 +46,12 @@ static int on_device;
 static void *dscratch;
 
 static void die(const char *what, int rc) {
-  fprintf(stderr, "dcomm-bench: rank %d: %s failed: %s (%s)\n", dcomm_rank(), what, dcomm_last_error(),
-          dcomm_error_name(rc));
+  char who[32] = "";
+  int r = dcomm_rank(); /* < 0 before dcomm_init has succeeded: the launcher's RANK */
+  const char *re = getenv("RANK");
+  if (r >= 0) snprintf(who, sizeof(who), "rank %d: ", r);
+  else if (re && *re) snprintf(who, sizeof(who), "RANK %.16s: ", re);
+  fprintf(stderr, "dcomm-bench: %s%s failed: %s (%s)\n", who, what, dcomm_last_error(), dcomm_error_name(rc));
   exit(1);
 }
 
@@ -126,6 +134,7 @@ int main(int argc, char **argv) {
       .rank_env = -1};
   const char *re = getenv("RANK");
   if (re && *re) prog.rank_env = atoi(re);
+  if (argc >= 2 && !strcmp(argv[1], "--tune")) return bench_tune(argc - 1, argv + 1);
   struct bench_opts o;
   bench_parse_args(&prog, argc, argv, &o);
   const char *ws = getenv("WORLD_SIZE");

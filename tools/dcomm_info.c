@@ -1,8 +1,9 @@
 /*
  * dcomm_info.c: the dcomm-info tool. Prints the version, the backends that
  * are built (and whether each can run here), the init methods this build
- * has (from src/init's table), the optional parts, and with
- * -e every DCOMM_* parameter with its type, default, current value and help.
+ * has (from src/init's table), the tuning file in force, and with -e every
+ * DCOMM_* parameter with its type, default, current value (and whether the
+ * tuning file gave it) and help.
  */
 #include "config.h"
 
@@ -13,6 +14,7 @@
 #include "dcomm.h"
 #include "init_method.h"
 #include "param.h"
+#include "tuning.h"
 #include "world.h"
 
 static void usage(FILE *f) {
@@ -23,9 +25,11 @@ static void usage(FILE *f) {
 }
 
 static void print_param(const char *name, const char *type, const char *def, const char *help, const char *owner) {
-  const char *cur = getenv(name);
-  printf("%s\n  type: %s  default: \"%s\"%s%s%s%s%s\n  %s\n", name, type, def, cur ? "  value: \"" : "", cur ? cur : "",
-         cur ? "\"" : "", owner ? "  backend: " : "", owner ? owner : "", help);
+  const char *cur = getenv(name), *tuned = dcomm__tuning_value(name);
+  const char *from = cur ? "" : tuned ? " (tuning file)" : "";
+  if (!cur) cur = tuned;
+  printf("%s\n  type: %s  default: \"%s\"%s%s%s%s%s%s\n  %s\n", name, type, def, cur ? "  value: \"" : "",
+         cur ? cur : "", cur ? "\"" : "", from, owner ? "  backend: " : "", owner ? owner : "", help);
 }
 
 /* The core's parameters, then those each backend that loads here declares. */
@@ -70,6 +74,8 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
+  /* Reads the tuning file too; a bad value is reported, not fatal here. */
+  if (dcomm__params_load() < 0) fprintf(stderr, "dcomm-info: %s\n", dcomm_last_error());
   if (env) {
     print_params();
     return 0;
@@ -83,5 +89,10 @@ int main(int argc, char **argv) {
   for (int i = 0; dcomm__init_method_info(i); i++)
     if (dcomm__init_method_info(i)->built) printf(" %s", dcomm__init_method_info(i)->scheme);
   printf("\n");
+  if (dcomm__tuning_path())
+    printf("tuning file: %s (%d setting%s)\n", dcomm__tuning_path(), dcomm__tuning_count(),
+           dcomm__tuning_count() == 1 ? "" : "s");
+  else
+    printf("tuning file: none\n");
   return 0;
 }

@@ -108,25 +108,33 @@ struct tcp_ctx {
   char host_id[TCP_HOST_ID_LEN];
   struct tcp_parked *parked;
   int nparked, cparked;
-  size_t chunk, small, bufsize;
+  size_t chunk, bufsize;
   int check_mismatch;
-  int algo;       /* all_reduce: enum tcp_ar_algo */
-  int bcast_algo; /* broadcast: enum tcp_bcast_algo */
   int transport;    /* enum tcp_transport */
   size_t shm_ring;  /* bytes per direction of a shm link, at most */
   size_t shm_budget; /* bytes the rings of one comm may take on a host */
-  double shm_spin;  /* seconds to poll rings before sleeping */
-  size_t cma_min;   /* shm payloads from this size are read by the peer
-                       * with process_vm_readv (0: never) */
-  size_t cma_fwd_min; /* the same for data written earlier in the call */
   int ncpu;         /* processors this process may run on */
   int local_ranks;  /* world ranks on this host (counted on first use) */
+};
+
+/* The settings whose best value depends on the machine (dcomm-bench
+ * --tune measures them): read when each communicator is created, so that
+ * one job can compare values, a tuning file or variables change them. */
+struct tcp_tuning {
+  size_t small;     /* DCOMM_TCP_SMALL_THRESHOLD */
+  int algo;         /* all_reduce: enum tcp_ar_algo (DCOMM_ALGO) */
+  int bcast_algo;   /* broadcast: enum tcp_bcast_algo */
+  double shm_spin;  /* seconds to poll rings before sleeping */
+  size_t cma_min;   /* shm payloads from this size are read by the peer
+                     * with process_vm_readv (0: never) */
+  size_t cma_fwd_min; /* the same for data written earlier in the call */
 };
 
 struct tcp_req;
 
 struct tcp_comm {
   struct tcp_ctx *ctx;
+  struct tcp_tuning t;
   uint64_t id;
   int rank, size;
   const int *world_ranks_ref; /* not owned; copied below */

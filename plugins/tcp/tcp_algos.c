@@ -146,8 +146,8 @@ static int allreduce_ring(struct tcp_comm *c, const struct dcomm_coll_args *a) {
 static int allreduce(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   size_t bytes = a->count * dcomm_dtype_size(a->dtype);
   if (c->size == 1) return 0;
-  int algo = c->ctx->algo;
-  if (algo == TCP_AR_AUTO) algo = (bytes <= c->ctx->small || a->count < (size_t)c->size) ? TCP_AR_RD : TCP_AR_RING;
+  int algo = c->t.algo;
+  if (algo == TCP_AR_AUTO) algo = (bytes <= c->t.small || a->count < (size_t)c->size) ? TCP_AR_RD : TCP_AR_RING;
   if (algo == TCP_AR_RING && a->count < (size_t)c->size) algo = TCP_AR_RD;
   return algo == TCP_AR_RING ? allreduce_ring(c, a) : allreduce_rd(c, a);
 }
@@ -219,8 +219,8 @@ static int bcast_pipeline(struct tcp_comm *c, const struct dcomm_coll_args *a) {
 static int broadcast(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   size_t len = a->count * dcomm_dtype_size(a->dtype);
   if (c->size == 1) return 0;
-  int algo = c->ctx->bcast_algo;
-  if (algo == TCP_BCAST_AUTO) algo = c->size > 2 && len > c->ctx->small ? TCP_BCAST_PIPELINE : TCP_BCAST_TREE;
+  int algo = c->t.bcast_algo;
+  if (algo == TCP_BCAST_AUTO) algo = c->size > 2 && len > c->t.small ? TCP_BCAST_PIPELINE : TCP_BCAST_TREE;
   return algo == TCP_BCAST_PIPELINE && len > 0 ? bcast_pipeline(c, a) : bcast_tree(c, a);
 }
 

@@ -41,7 +41,7 @@ static int pick(const char *word, size_t len, const char *const *names, int n) {
 
 /* DCOMM_ALGO: "auto", "ring" and "rd" name all_reduce algorithms;
  * "all_reduce=..." and "broadcast=..." set one collective's. */
-static int parse_algo(struct tcp_ctx *ctx, const char *s) {
+static int parse_algo(struct tcp_tuning *t, const char *s) {
   static const char *const ar[] = {"auto", "ring", "rd"}, *const bc[] = {"auto", "tree", "pipeline"};
   while (*s) {
     size_t len = strcspn(s, ",");
@@ -49,19 +49,38 @@ static int parse_algo(struct tcp_ctx *ctx, const char *s) {
     int v;
     if (!eq) {
       if ((v = pick(s, len, ar, 3)) < 0) return -1;
-      ctx->algo = v;
+      t->algo = v;
     } else if ((size_t)(eq - s) == 10 && !strncmp(s, "all_reduce", 10)) {
       if ((v = pick(eq + 1, len - 11, ar, 3)) < 0) return -1;
-      ctx->algo = v;
+      t->algo = v;
     } else if ((size_t)(eq - s) == 9 && !strncmp(s, "broadcast", 9)) {
       if ((v = pick(eq + 1, len - 10, bc, 3)) < 0) return -1;
-      ctx->bcast_algo = v;
+      t->bcast_algo = v;
     } else {
       return -1;
     }
     s += len;
     if (*s == ',') s++;
   }
+  return 0;
+}
+
+/* The settings a communicator is created with (struct tcp_tuning), from
+ * the variables, else the tuning file, else the defaults (host->param). */
+static int tcp_read_tuning(const struct dcomm_host *host, struct tcp_tuning *t) {
+  memset(t, 0, sizeof(*t));
+  t->small = param_size(host, "DCOMM_TCP_SMALL_THRESHOLD", 262144);
+  t->cma_min = param_size(host, "DCOMM_SHM_CMA_MIN", 16384);
+  t->cma_fwd_min = param_size(host, "DCOMM_SHM_CMA_FWD_MIN", 1048576);
+  const char *spin = host->param("DCOMM_SHM_SPIN");
+  t->shm_spin = (spin && *spin ? strtol(spin, NULL, 10) : 50) * 1e-6;
+  if (t->shm_spin < 0) t->shm_spin = 0;
+  const char *algo = host->param("DCOMM_ALGO");
+  if (algo && parse_algo(t, algo) < 0)
+    return host->err(DCOMM_EINVAL,
+                     "DCOMM_ALGO='%s' is not a comma-separated list of auto, ring, rd, all_reduce=auto|ring|rd, "
+                     "broadcast=auto|tree|pipeline",
+                     algo);
   return 0;
 }
 
@@ -73,17 +92,14 @@ static int tcp_init(const struct dcomm_host *host, void **out) {
   ctx->chunk = param_size(host, "DCOMM_TCP_CHUNK_SIZE", 262144);
   ctx->chunk = (ctx->chunk + 63) & ~(size_t)63; /* whole elements of any dtype */
   if (ctx->chunk < 4096) ctx->chunk = 4096;
-  ctx->small = param_size(host, "DCOMM_TCP_SMALL_THRESHOLD", 262144);
   ctx->bufsize = param_size(host, "DCOMM_TCP_BUFSIZE", 4194304);
   const char *cm = host->param("DCOMM_CHECK_MISMATCH");
   if (!cm || host->parse_bool(cm, &ctx->check_mismatch) != 0) ctx->check_mismatch = 1;
-  const char *algo = host->param("DCOMM_ALGO");
-  if (algo && parse_algo(ctx, algo) < 0) {
+  struct tcp_tuning t;
+  int rc = tcp_read_tuning(host, &t); /* a bad value fails dcomm_init, not a later group */
+  if (rc < 0) {
     free(ctx);
-    return host->err(DCOMM_EINVAL,
-                     "DCOMM_ALGO='%s' is not a comma-separated list of auto, ring, rd, all_reduce=auto|ring|rd, "
-                     "broadcast=auto|tree|pipeline",
-                     algo);
+    return rc;
   }
   const char *tr = host->param("DCOMM_TRANSPORT");
   if (tr && !strcmp(tr, "shm")) ctx->transport = TCP_TR_SHM;
@@ -94,15 +110,10 @@ static int tcp_init(const struct dcomm_host *host, void **out) {
   }
   ctx->shm_ring = tcp_shm_ring_size(param_size(host, "DCOMM_SHM_RING_SIZE", 1048576));
   ctx->shm_budget = param_size(host, "DCOMM_SHM_HOST_BUDGET", (size_t)1 << 28);
-  ctx->cma_min = param_size(host, "DCOMM_SHM_CMA_MIN", 16384);
-  ctx->cma_fwd_min = param_size(host, "DCOMM_SHM_CMA_FWD_MIN", 1048576);
-  const char *spin = host->param("DCOMM_SHM_SPIN");
-  ctx->shm_spin = (spin && *spin ? strtol(spin, NULL, 10) : 50) * 1e-6;
-  if (ctx->shm_spin < 0) ctx->shm_spin = 0;
   cpu_set_t cpus;
   ctx->ncpu = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
   tcp_host_id(ctx->host_id, sizeof(ctx->host_id));
-  int rc = tcp_listen_and_publish(ctx);
+  rc = tcp_listen_and_publish(ctx);
   if (rc < 0) {
     if (ctx->lfd >= 0) close(ctx->lfd);
     free(ctx);
@@ -146,11 +157,15 @@ static void comm_free(struct tcp_comm *c) {
 static int tcp_comm_create(void *vctx, const struct dcomm_comm_spec *spec, void **out) {
   struct tcp_ctx *ctx = vctx;
   const struct dcomm_host *h = ctx->host;
+  struct tcp_tuning t;
+  int trc = tcp_read_tuning(h, &t);
+  if (trc < 0) return trc;
   struct tcp_comm *c = calloc(1, sizeof(*c));
   if (!c) return h->err(DCOMM_ENOMEM, "tcp: out of memory");
   pthread_mutex_init(&c->qlock, NULL);
   pthread_cond_init(&c->qcond, NULL);
   c->ctx = ctx;
+  c->t = t;
   c->id = spec->comm_id;
   c->rank = spec->rank;
   c->size = spec->size;

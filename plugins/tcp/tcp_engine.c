@@ -32,8 +32,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 static int use_cma(const struct tcp_comm *c, const struct tcp_peer *p, int type, size_t len, int fwd) {
-  size_t min = fwd ? c->ctx->cma_fwd_min : c->ctx->cma_min;
-  return c->ctx->cma_min && type == TCP_F_DATA && len >= min && tcp_shm_cma_pid(p->shm);
+  size_t min = fwd ? c->t.cma_fwd_min : c->t.cma_min;
+  return c->t.cma_min && type == TCP_F_DATA && len >= min && tcp_shm_cma_pid(p->shm);
 }
 
 /* A single-copy send is complete once the peer's TCP_F_ACK arrives; it
@@ -435,10 +435,10 @@ static int oversubscribed(struct tcp_ctx *ctx) {
 static int spin_rings(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_coll_args *a, int *left) {
   const struct dcomm_host *h = c->ctx->host;
   double t0 = h->now(), last = t0;
-  double pause_s = oversubscribed(c->ctx) ? 0 : PAUSE_SPIN, stall = c->ctx->shm_spin;
-  for (int i = 0; i < n && c->ctx->shm_spin > 0; i++) /* DCOMM_SHM_SPIN=0: sleep at once */
+  double pause_s = oversubscribed(c->ctx) ? 0 : PAUSE_SPIN, stall = c->t.shm_spin;
+  for (int i = 0; i < n && c->t.shm_spin > 0; i++) /* DCOMM_SHM_SPIN=0: sleep at once */
     if (!ops[i].complete && ops[i].is_send && ops[i].cma) {
-      double copying = c->ctx->shm_spin + (double)ops[i].len / CMA_SPIN_RATE;
+      double copying = c->t.shm_spin + (double)ops[i].len / CMA_SPIN_RATE;
       if (copying > stall) stall = copying;
     }
   for (;;) {
@@ -541,7 +541,7 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
       if (rc < 0) return rc;
       if (!left) break;
       may_sleep = rc == 1 && !arm_rings(c, ops, n, a);
-    } else if (h->now() - active < c->ctx->shm_spin) {
+    } else if (h->now() - active < c->t.shm_spin) {
       /* Sockets only: look without sleeping for DCOMM_SHM_SPIN first, as
        * a sleeping process on another processor takes tens of
        * microseconds to wake up, far more than a small message. */
@@ -722,7 +722,7 @@ int tcp_p2p_probe(struct tcp_comm *c, int peer, int tag, double deadline, int *s
       int rc = probe_look(c, peer, tag, deadline, src, nbytes);
       if (rc) return rc;
       t = h->now();
-      if (t >= deadline || !c->nshm || t - t0 >= c->ctx->shm_spin) break;
+      if (t >= deadline || !c->nshm || t - t0 >= c->t.shm_spin) break;
       if (t - t0 >= pause_s) sched_yield();
       else cpu_relax();
     }

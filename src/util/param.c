@@ -14,6 +14,7 @@
 
 #include "error.h"
 #include "log.h"
+#include "tuning.h"
 
 static const struct dcomm_param_info infos[DCOMM_P_COUNT] = {
 #define P(id, type, def, help) {"DCOMM_" #id, DCOMM_PT_##type, def, help},
@@ -92,17 +93,26 @@ static int parse_one(int id, const char *s) {
   return DCOMM_EINVAL;
 }
 
-/* Fills values from defaults and the environment; first bad variable wins. */
+/* Fills values from defaults, the tuning file and the environment, each
+ * over the one before; the first bad value is the error. */
 static int load_locked(void) {
-  int rc = 0;
+  int rc = dcomm__tuning_load();
   for (int id = 0; id < DCOMM_P_COUNT; id++) {
-    parse_one(id, infos[id].def);
+    const char *base = infos[id].def; /* what stands when the environment's value is bad */
+    const char *tuned = dcomm__tuning_value(infos[id].name);
+    if (tuned && parse_one(id, tuned) == 0) {
+      base = tuned;
+    } else if (tuned && rc == 0) {
+      rc = dcomm__err(DCOMM_EINVAL, "%s='%s' in the tuning file %s is not a valid %s", infos[id].name, tuned,
+                      dcomm__tuning_path(), dcomm__param_type_name(infos[id].type));
+    }
+    parse_one(id, base);
     const char *env = getenv(infos[id].name);
     if (env && parse_one(id, env) != 0) {
       if (rc == 0)
         rc = dcomm__err(DCOMM_EINVAL, "%s='%s' is not a valid %s", infos[id].name, env,
                         dcomm__param_type_name(infos[id].type));
-      parse_one(id, infos[id].def);
+      parse_one(id, base);
     }
   }
   loaded = 1;
@@ -140,10 +150,14 @@ int dcomm__param_bool(enum dcomm_param_id id) { ensure(); return (int)values[id]
 size_t dcomm__param_size(enum dcomm_param_id id) { ensure(); return values[id].z; }
 
 const char *dcomm__param_by_name(const char *name) {
+  ensure();
+  const char *env = getenv(name);
+  if (env) return env;
+  pthread_mutex_lock(&lock);
+  const char *v = dcomm__tuning_value(name);
+  pthread_mutex_unlock(&lock);
+  if (v) return v;
   for (int id = 0; id < DCOMM_P_COUNT; id++)
-    if (!strcmp(infos[id].name, name)) {
-      const char *env = getenv(name);
-      return env ? env : infos[id].def;
-    }
-  return getenv(name);
+    if (!strcmp(infos[id].name, name)) return infos[id].def;
+  return NULL;
 }

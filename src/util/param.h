@@ -1,6 +1,7 @@
 /*
  * param.h: the typed parameter registry built from params.def. Values come
- * from the environment, are parsed once by dcomm__params_load(), and a bad
+ * from the environment, else the tuning file (tuning.h), else the default;
+ * they are parsed by dcomm__params_load() (each dcomm_init), and a bad
  * value is an error naming the variable.
  */
 #ifndef DCOMM_PARAM_H
@@ -35,7 +36,9 @@ double dcomm__param_double(enum dcomm_param_id id);
 int dcomm__param_bool(enum dcomm_param_id id);
 size_t dcomm__param_size(enum dcomm_param_id id);
 
-/* Raw value of a variable by name (environment, else the default). */
+/* Raw value of a variable by name: the environment's, else the tuning
+ * file's (tuning.h), else the registry's default (NULL for a name that is
+ * not in the registry, such as a backend's own: the host adds those). */
 const char *dcomm__param_by_name(const char *name);
 
 /* Shared parsers (also used by init-method URLs). 0 or DCOMM_EINVAL. */

@@ -1,0 +1,317 @@
+/*
+ * bench_tune.c: dcomm-bench --tune FILE (bench_tune.h). Every rank of the
+ * job runs the same trials: for each candidate value of a setting it sets
+ * the variable, joins the job (dcomm_init), times all_reduce over a range
+ * of sizes (the slowest rank's mean, fastest of three passes) on a new
+ * group of the whole world, which the backend builds with the settings in
+ * force at its creation, and frees it. The times are world maxima, so every rank takes the
+ * same decisions. Rank 0 prints the tables and writes the file (a
+ * temporary file renamed into place), its comments naming the CPU, the
+ * world and the figures each value was chosen from.
+ *
+ * Settings tuned, in this order (each trial runs with the values chosen
+ * before it):
+ *   DCOMM_SHM_SPIN            0, 10, 50 or 200 microseconds: small-message
+ *                             latency, which spinning helps while a core is
+ *                             free and hurts when ranks share cores;
+ *   DCOMM_TCP_SMALL_THRESHOLD where recursive doubling stops beating the
+ *                             ring for all_reduce (broadcast's tree/chain
+ *                             switch uses the same value);
+ *   DCOMM_SHM_CMA_MIN         from which size the single copy
+ *                             (process_vm_readv) beats the rings; only when
+ *                             the whole world is on one host.
+ */
+#include "bench_tune.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dcomm.h"
+
+#define TUNE_PASSES 5
+#define TUNE_TARGET_S 0.03 /* time each pass aims to take */
+/* A value wins at a size only by this factor; closer is noise, and the
+ * built-in choice stands there. */
+#define TUNE_MARGIN 1.10
+#define TUNE_MAX_ITERS 2000
+#define TUNE_MAX_SIZES 8
+
+struct sizes {
+  int n;
+  size_t b[TUNE_MAX_SIZES];
+};
+
+static const struct sizes spin_sizes = {3, {8, 1024, 65536}};
+static const struct sizes algo_sizes = {7, {4096, 16384, 65536, 262144, 1048576, 4194304, 16777216}};
+static const struct sizes cma_sizes = {7, {1024, 4096, 16384, 65536, 262144, 1048576, 4194304}};
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int world_max(double *v, size_t n) { return dcomm_all_reduce(v, n, DCOMM_FLOAT64, DCOMM_MAX, NULL); }
+
+/* The slowest rank's mean seconds per all_reduce of bytes, fastest of
+ * TUNE_PASSES; the same value on every rank. <0: a dcomm error. */
+static double time_all_reduce(dcomm_group_t g, float *buf, size_t bytes) {
+  size_t count = bytes / sizeof(float);
+  int rc;
+  for (int i = 0; i < 3; i++)
+    if ((rc = dcomm_all_reduce(buf, count, DCOMM_FLOAT32, DCOMM_SUM, g)) != 0) return rc;
+  double est[1] = {now_s()};
+  for (int i = 0; i < 3; i++)
+    if ((rc = dcomm_all_reduce(buf, count, DCOMM_FLOAT32, DCOMM_SUM, g)) != 0) return rc;
+  est[0] = (now_s() - est[0]) / 3;
+  if ((rc = world_max(est, 1)) != 0) return rc;
+  long iters = est[0] > 0 ? (long)(TUNE_TARGET_S / est[0]) : TUNE_MAX_ITERS;
+  if (iters < 3) iters = 3;
+  if (iters > TUNE_MAX_ITERS) iters = TUNE_MAX_ITERS;
+  double best = INFINITY;
+  for (int p = 0; p < TUNE_PASSES; p++) {
+    if ((rc = dcomm_barrier(g)) != 0) return rc;
+    double t[1] = {now_s()};
+    for (long i = 0; i < iters; i++)
+      if ((rc = dcomm_all_reduce(buf, count, DCOMM_FLOAT32, DCOMM_SUM, g)) != 0) return rc;
+    t[0] = (now_s() - t[0]) / (double)iters;
+    if ((rc = world_max(t, 1)) != 0) return rc;
+    if (t[0] < best) best = t[0];
+  }
+  return best;
+}
+
+/* A trial: the variable set to value, a group of the whole world created
+ * with it, one time per size into out (seconds). The variable's earlier
+ * value comes back. */
+static int trial(const char *name, const char *value, const struct sizes *sz, float *buf, double *out) {
+  const char *old = getenv(name);
+  char *saved = old ? strdup(old) : NULL;
+  setenv(name, value, 1);
+  dcomm_group_t g = NULL;
+  int rc = dcomm_group_split(NULL, 0, dcomm_rank(), &g);
+  for (int k = 0; rc == 0 && k < sz->n; k++) {
+    double t = time_all_reduce(g, buf, sz->b[k]);
+    if (t < 0) rc = (int)t;
+    out[k] = t;
+  }
+  if (rc != 0) fprintf(stderr, "dcomm-bench --tune: %s=%s: %s\n", name, value, dcomm_last_error());
+  if (g && dcomm_group_free(g) != 0 && rc == 0) rc = -1;
+  if (saved) setenv(name, saved, 1);
+  else unsetenv(name);
+  free(saved);
+  return rc;
+}
+
+static void size_str(size_t b, char *s, size_t n) {
+  if (b >= 1048576 && b % 1048576 == 0) snprintf(s, n, "%zuM", b >> 20);
+  else if (b >= 1024 && b % 1024 == 0) snprintf(s, n, "%zuK", b >> 10);
+  else snprintf(s, n, "%zu", b);
+}
+
+/* The report, printed by rank 0 and kept in the file's comments. */
+struct report {
+  char text[8192];
+  size_t len;
+};
+
+static void say(struct report *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void say(struct report *r, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(r->text + r->len, sizeof(r->text) - r->len, fmt, ap);
+  va_end(ap);
+  if (n > 0) r->len += (size_t)n < sizeof(r->text) - r->len ? (size_t)n : sizeof(r->text) - r->len - 1;
+}
+
+static void table(struct report *r, const struct sizes *sz, const char *what, const char *const names[], int nc,
+                  double t[][TUNE_MAX_SIZES]) {
+  say(r, "# %s, microseconds per all_reduce (float32):\n#   %9s", what, "bytes");
+  for (int c = 0; c < nc; c++) say(r, " %12s", names[c]);
+  say(r, "\n");
+  for (int k = 0; k < sz->n; k++) {
+    char s[24];
+    size_str(sz->b[k], s, sizeof(s));
+    say(r, "#   %9s", s);
+    for (int c = 0; c < nc; c++) say(r, " %12.2f", t[c][k] * 1e6);
+    say(r, "\n");
+  }
+}
+
+/* The spin whose times, each relative to the best at its size, add up to
+ * the least; a smaller spin within TUNE_MARGIN of that is preferred (it
+ * burns less). */
+static int pick_spin(int nc, double t[][TUNE_MAX_SIZES], int ns) {
+  double score[8];
+  int best = 0;
+  for (int c = 0; c < nc; c++) {
+    score[c] = 0;
+    for (int k = 0; k < ns; k++) {
+      double m = INFINITY;
+      for (int d = 0; d < nc; d++) m = fmin(m, t[d][k]);
+      score[c] += t[c][k] / m;
+    }
+    if (score[c] < score[best]) best = c;
+  }
+  for (int c = 0; c < best; c++)
+    if (score[c] <= score[best] * TUNE_MARGIN) return c;
+  return best;
+}
+
+/* Where a's sizes end and b's begin: the index of the last size a keeps, -1
+ * when b takes every size. At each size the clear winner (by TUNE_MARGIN)
+ * takes it; a tie goes the built-in way (a up to and including def_last).
+ * a ends before the first size b takes together with the next one (noise
+ * at one size does not move the switch). */
+static int last_win(const struct sizes *sz, const double *a, const double *b, size_t def_last) {
+  int n = sz->n, takes_b[TUNE_MAX_SIZES];
+  for (int k = 0; k < n; k++)
+    takes_b[k] = a[k] > b[k] * TUNE_MARGIN ? 1 : b[k] > a[k] * TUNE_MARGIN ? 0 : sz->b[k] > def_last;
+  for (int k = 0; k < n; k++)
+    if (takes_b[k] && (k + 1 == n || takes_b[k + 1])) return k - 1;
+  return n - 1;
+}
+
+static int one_host(void) {
+  char h[256] = "";
+  gethostname(h, sizeof(h) - 1);
+  uint64_t x = 1469598103934665603ull; /* FNV-1a */
+  for (const char *p = h; *p; p++) x = (x ^ (unsigned char)*p) * 1099511628211ull;
+  int64_t v[2] = {(int64_t)(x >> 1), -(int64_t)(x >> 1)};
+  if (dcomm_all_reduce(v, 2, DCOMM_INT64, DCOMM_MAX, NULL) != 0) return 0;
+  return v[0] == -v[1];
+}
+
+static void cpu_model(char *s, size_t n) {
+  snprintf(s, n, "unknown");
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  if (!f) return;
+  char line[512];
+  while (fgets(line, sizeof(line), f))
+    if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
+      char *v = strchr(line, ':') + 1;
+      while (*v == ' ' || *v == '\t') v++;
+      v[strcspn(v, "\n")] = 0;
+      snprintf(s, n, "%s", v);
+      break;
+    }
+  fclose(f);
+}
+
+static int write_file(const char *path, const struct report *r, const char *settings) {
+  char tmp[4096];
+  snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid());
+  FILE *f = fopen(tmp, "w");
+  if (!f) {
+    perror(tmp);
+    return -1;
+  }
+  int bad = fputs(r->text, f) < 0 || fputs(settings, f) < 0;
+  bad |= fflush(f) != 0 || fsync(fileno(f)) != 0;
+  bad |= fclose(f) != 0;
+  if (bad || rename(tmp, path) != 0) {
+    perror(path);
+    unlink(tmp);
+    return -1;
+  }
+  return 0;
+}
+
+int bench_tune(int argc, char **argv) {
+  if (argc != 2 || argv[1][0] == '-') {
+    fprintf(stderr, "usage: dcomm-bench --tune FILE   (run under a launcher, e.g.\n"
+                    "  dcomm-run --nproc-per-node 4 -- dcomm-bench --tune tuning.conf)\n");
+    return 2;
+  }
+  const char *path = argv[1];
+  /* The trials measure the built-in defaults and the values chosen here,
+   * not an earlier tuning file's. */
+  setenv("DCOMM_TUNING_FILE", "none", 1);
+  size_t maxb = algo_sizes.b[algo_sizes.n - 1];
+  float *buf = calloc(maxb / sizeof(float), sizeof(float));
+  if (!buf) {
+    fprintf(stderr, "dcomm-bench --tune: cannot allocate %zu bytes\n", maxb);
+    return 1;
+  }
+  if (dcomm_init(NULL, NULL) != 0) {
+    fprintf(stderr, "dcomm-bench --tune: %s\n", dcomm_last_error());
+    free(buf);
+    return 1;
+  }
+  int rank = dcomm_rank(), world = dcomm_world_size(), single = one_host();
+  const char *backend = dcomm_backend_name();
+  const char *tr = getenv("DCOMM_TRANSPORT");
+  int shm = single && !(tr && !strcmp(tr, "tcp"));
+
+  struct report r = {.len = 0};
+  char cpu[256], when[64], settings[512];
+  cpu_model(cpu, sizeof(cpu));
+  time_t now = time(NULL);
+  strftime(when, sizeof(when), "%Y-%m-%d %H:%M UTC", gmtime(&now));
+  say(&r, "# dcomm tuning file, written by dcomm-bench --tune on %s (dcomm %s, backend %s)\n", when,
+      dcomm_version_string(), backend);
+  say(&r, "# CPU: %s; %d ranks%s%s\n", cpu, world, single ? " on one host" : " on several hosts",
+      shm ? " (shared memory)" : "");
+  say(&r, "# Read by libdcomm through DCOMM_TUNING_FILE (or as $(sysconfdir)/dcomm/tuning.conf); a variable\n"
+          "# set in the environment wins over a line here.\n");
+  int rc = 0;
+  size_t len = 0;
+  settings[0] = 0;
+
+  /* 1. spin */
+  static const char *const spins[] = {"0", "10", "50", "200"};
+  double ts[4][TUNE_MAX_SIZES];
+  for (int c = 0; c < 4 && rc == 0; c++) rc = trial("DCOMM_SHM_SPIN", spins[c], &spin_sizes, buf, ts[c]);
+  const char *spin = NULL;
+  if (rc == 0) {
+    spin = spins[pick_spin(4, ts, spin_sizes.n)];
+    table(&r, &spin_sizes, "DCOMM_SHM_SPIN 0 / 10 / 50 / 200 us", spins, 4, ts);
+    len += (size_t)snprintf(settings + len, sizeof(settings) - len, "DCOMM_SHM_SPIN=%s\n", spin);
+    setenv("DCOMM_SHM_SPIN", spin, 1); /* for the trials below */
+  }
+
+  /* 2. recursive doubling up to the threshold, the ring above */
+  static const char *const algos[] = {"all_reduce=rd", "all_reduce=ring"};
+  double ta[2][TUNE_MAX_SIZES];
+  for (int c = 0; c < 2 && rc == 0; c++) rc = trial("DCOMM_ALGO", algos[c], &algo_sizes, buf, ta[c]);
+  if (rc == 0) {
+    int k = last_win(&algo_sizes, ta[0], ta[1], 262144); /* the built-in DCOMM_TCP_SMALL_THRESHOLD */
+    size_t thr = k < 0 ? 0 : algo_sizes.b[k];
+    table(&r, &algo_sizes, "DCOMM_ALGO all_reduce=rd / ring", (const char *const[]){"rd", "ring"}, 2, ta);
+    len += (size_t)snprintf(settings + len, sizeof(settings) - len, "DCOMM_TCP_SMALL_THRESHOLD=%zu\n", thr);
+    char v[32];
+    snprintf(v, sizeof(v), "%zu", thr);
+    setenv("DCOMM_TCP_SMALL_THRESHOLD", v, 1);
+  }
+
+  /* 3. the single copy, on one host */
+  if (rc == 0 && shm) {
+    static const char *const cmas[] = {"0", "1"};
+    double tc[2][TUNE_MAX_SIZES];
+    for (int c = 0; c < 2 && rc == 0; c++) rc = trial("DCOMM_SHM_CMA_MIN", cmas[c], &cma_sizes, buf, tc[c]);
+    if (rc == 0) {
+      int k = last_win(&cma_sizes, tc[0], tc[1], 16383); /* the rings' last size; built in: from 16 KiB */
+      size_t min = k + 1 < cma_sizes.n ? cma_sizes.b[k + 1] : 2 * cma_sizes.b[cma_sizes.n - 1];
+      table(&r, &cma_sizes, "DCOMM_SHM_CMA_MIN rings only / single copy always",
+            (const char *const[]){"rings", "single copy"}, 2, tc);
+      len += (size_t)snprintf(settings + len, sizeof(settings) - len, "DCOMM_SHM_CMA_MIN=%zu\n", min);
+    }
+  } else if (rc == 0) {
+    say(&r, "# DCOMM_SHM_CMA_MIN not tuned: the ranks do not all share one host's memory\n");
+  }
+  free(buf);
+  if (rc == 0 && rank == 0) {
+    fputs(r.text, stdout);
+    fputs(settings, stdout);
+    if (write_file(path, &r, settings) < 0) rc = -1;
+    else printf("# written to %s; use it with DCOMM_TUNING_FILE=%s\n", path, path);
+  }
+  if (dcomm_finalize() != 0 && rc == 0) rc = -1;
+  return rc ? 1 : 0;
+}
