@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "checkpoint_coll.h"
 #include "checkpoint_file.h"
@@ -38,6 +39,28 @@ static void commit_key(const char *dir, char *key, size_t n) {
   char real[PATH_MAX];
   const char *p = realpath(dir, real) ? real : dir;
   snprintf(key, n, DCOMM_KEY_CKPT_FMT, (unsigned long long)dcomm__hash64(0, p, strlen(p)));
+}
+
+/* The commit's transaction. On etcd, a try that found no member able to
+ * answer (down, restarting, without a leader) is repeated for up to
+ * DCOMM_RDZV_OUTAGE_TIMEOUT: the transaction puts the same values under
+ * the same compares, so a repeat after an unseen success changes nothing,
+ * and an outage that dcomm-run rides out (it pauses the workers) costs
+ * the job no recovery. */
+static int txn_through_outage(struct dcomm_store *s, const struct dcomm_store_cmp *cmps, int nc,
+                              const struct dcomm_store_put *puts, int np, int *done) {
+  double until = dcomm__now() + dcomm__param_double(DCOMM_P_RDZV_OUTAGE_TIMEOUT);
+  int warned = 0;
+  for (;;) {
+    int rc = dcomm__store_txn(s, cmps, nc, puts, np, done);
+    int unavailable = rc == DCOMM_EPEERLOST || rc == DCOMM_ETIMEDOUT || rc == DCOMM_EBACKEND;
+    if (rc == 0 || !unavailable || strcmp(dcomm__store_kind(s), "etcd") != 0 || dcomm__now() >= until) return rc;
+    if (!warned++)
+      DCOMM_LOG(WARN, ELASTIC, "checkpoint commit: etcd does not answer (%s); trying again for up to %g s "
+                "(DCOMM_RDZV_OUTAGE_TIMEOUT)", dcomm_last_error(), dcomm__param_double(DCOMM_P_RDZV_OUTAGE_TIMEOUT));
+    struct timespec ts = {0, 200 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
 }
 
 /* Sets the record in the job's store, guarded by this generation's
@@ -63,7 +86,7 @@ static int store_commit(const char *dir, const struct dcomm_ckpt_rec *rec) {
                     (long long)rec->generation, rec->name);
   struct dcomm_store_put puts[2] = {{key, text, (size_t)tl + 1}, {DCOMM_KEY_CKPT_LAST, last, (size_t)ll + 1}};
   int done = 0;
-  DCOMM_CHECK(dcomm__store_txn(w->jstore, cmps, nc, puts, 2, &done));
+  DCOMM_CHECK(txn_through_outage(w->jstore, cmps, nc, puts, 2, &done));
   if (!done)
     return dcomm__err(DCOMM_EREVOKED, "fenced: generation %ld is over (revoked, or the job moved on while this "
                       "process was frozen or cut off), so %s/%s is not committed and will never be restored",

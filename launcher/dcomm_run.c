@@ -89,6 +89,7 @@ struct agent {
   double hb_timeout;
   double last_tick;   /* when tick last ran (a long gap: this agent was frozen) */
   double resumed_at;  /* CLOCK_MONOTONIC when it came back; heartbeats count from there */
+  int etcd_silent;    /* etcd did not answer the last renewal (heartbeats count from its return) */
   int store_warned;
   double t0;
   char fail_reason[512];
@@ -205,7 +206,7 @@ static void set_alive(struct agent *a) {
 /* Reads a short text value without waiting; 1 found, 0 absent, -1 error. */
 static int store_peek(struct agent *a, const char *key, char *buf, size_t n) {
   if (!store_usable(a)) return -1;
-  int rc = dcomm__store_peek(a->st, key, buf, n);
+  int rc = a->rdzv ? run_rdzv_peek(a->rdzv, key, buf, n) : dcomm__store_peek(a->st, key, buf, n);
   if (rc < 0) store_warn(a, "get");
   return rc < 0 ? -1 : rc;
 }
@@ -537,7 +538,16 @@ static void tick(struct agent *a) {
             now - a->last_tick);
   }
   a->last_tick = now;
-  if (a->rdzv) run_rdzv_check_fence(a->rdzv);
+  if (a->rdzv) {
+    run_rdzv_check_fence(a->rdzv);
+    /* After an etcd outage (the workers may have been paused, and their
+     * heartbeats could not be written) heartbeats count from its end. */
+    if (!run_rdzv_healthy(a->rdzv)) a->etcd_silent = 1;
+    else if (a->etcd_silent) {
+      a->etcd_silent = 0;
+      a->resumed_at = wall_now();
+    }
+  }
   if (a->phase != PH_RUN && !a->hard_killed && now >= a->kill_deadline) {
     int live = live_count(a);
     if (live) {

@@ -139,6 +139,10 @@ int run_rdzv_check_fence(struct run_rdzv *r);
 /* Puts key (under the job's namespace) = val, NUL included, under this
  * node's lease. */
 int run_rdzv_put(struct run_rdzv *r, const char *key, const char *val);
+/* Reads key (under the job's namespace) into buf, NUL-terminated, within
+ * a third of the TTL (the main loop must not wait out an etcd outage):
+ * 1 found, 0 absent, < 0 error. */
+int run_rdzv_peek(struct run_rdzv *r, const char *key, char *buf, size_t n);
 /* An orderly stop: marks the node as left (rdzv/left/<slot> = why) and
  * revokes the current generation with that reason, before the workers go. */
 void run_rdzv_leave(struct run_rdzv *r, const char *why);

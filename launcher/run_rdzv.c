@@ -19,12 +19,22 @@
  * sent its last renewal that etcd answered. Once that passes the TTL less
  * a margin (run_rdzv_fence_after), before the lease can expire on the
  * server (whose clock started later, when it received that renewal), the
- * agent SIGKILLs its workers itself (keepalive thread or the main loop,
- * whichever looks first; a frozen agent looks first thing after SIGCONT)
- * and is out of the job: run_rdzv_lost says so and dcomm-run exits 1. By
- * the time the other nodes see this node's record gone, its workers are
- * dead; what they wrote while frozen is refused by the guarded writes of
- * rounds.c and checkpoint_coll.c.
+ * agent SIGSTOPs its workers (keepalive thread or the main loop, whichever
+ * looks first; a frozen agent looks first thing after SIGCONT): from then
+ * on they run no instruction until etcd has said the lease is alive. The
+ * agent keeps trying:
+ *   - etcd answers and the lease is alive: nobody can have taken this node
+ *     for dead (an etcd that was down or without a leader restores its
+ *     leases with a fresh TTL when a leader takes over), so the workers get
+ *     SIGCONT and the job goes on: a short etcd outage (a restart, a lost
+ *     quorum) costs a pause, not the job;
+ *   - etcd answers that the lease is gone: the others went on without this
+ *     node; its workers are SIGKILLed and dcomm-run exits 1 (run_rdzv_lost);
+ *   - no answer for DCOMM_RDZV_OUTAGE_TIMEOUT seconds: the same, without
+ *     further etcd calls.
+ * By the time the other nodes see this node's record gone, its workers are
+ * stopped or dead; what they wrote while cut off is refused by the guarded
+ * writes of rounds.c and checkpoint_coll.c.
  */
 #include "config.h"
 #include "run.h"
@@ -67,12 +77,19 @@ struct run_rdzv {
   pid_t *pids;   /* the workers to kill when fencing (under lock) */
   size_t npids;
   int64_t last_ok_ns; /* CLOCK_MONOTONIC when the last answered renewal was sent */
+  int paused;         /* the workers are SIGSTOPped until etcd vouches for the lease (under lock) */
+  double outage_max;  /* DCOMM_RDZV_OUTAGE_TIMEOUT: seconds without an answer before leaving */
   char host[128];
 };
 
 static void sleep_s(double s) {
   struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
   nanosleep(&ts, NULL);
+}
+
+/* Sends sig to every worker (under lock). */
+static void signal_workers_locked(struct run_rdzv *r, int sig) {
+  for (size_t i = 0; i < r->npids; i++) kill(r->pids[i], sig);
 }
 
 /* Out of the job: its workers are killed at once (they are this process's
@@ -82,8 +99,33 @@ static void set_lost(struct run_rdzv *r, const char *why) {
   if (!r->lost) {
     r->lost = 1;
     snprintf(r->lost_why, sizeof(r->lost_why), "%s", why);
-    for (size_t i = 0; i < r->npids; i++) kill(r->pids[i], SIGKILL);
+    signal_workers_locked(r, SIGKILL);
     run_log("fenced: %s; killed %zu worker%s", why, r->npids, r->npids == 1 ? "" : "s");
+  }
+  pthread_mutex_unlock(&r->lock);
+}
+
+/* The lease may expire on the server any moment now: the workers stop
+ * until etcd says it is alive (resume_workers) or this node is out. */
+static void pause_workers(struct run_rdzv *r, double since) {
+  pthread_mutex_lock(&r->lock);
+  if (!r->paused && !r->lost) {
+    r->paused = 1;
+    signal_workers_locked(r, SIGSTOP);
+    run_log("etcd has not renewed this node's lease for %.1f s (TTL %lld s): paused %zu worker%s until etcd answers "
+            "(they leave the job if it has not within DCOMM_RDZV_OUTAGE_TIMEOUT %g s)",
+            since, (long long)r->ttl, r->npids, r->npids == 1 ? "" : "s", r->outage_max);
+  }
+  pthread_mutex_unlock(&r->lock);
+}
+
+static void resume_workers(struct run_rdzv *r, double outage) {
+  pthread_mutex_lock(&r->lock);
+  if (r->paused && !r->lost) {
+    r->paused = 0;
+    signal_workers_locked(r, SIGCONT);
+    run_log("etcd answers again after %.1f s and this node's lease is alive: resumed %zu worker%s", outage, r->npids,
+            r->npids == 1 ? "" : "s");
   }
   pthread_mutex_unlock(&r->lock);
 }
@@ -98,11 +140,16 @@ double run_rdzv_fence_after(double ttl) {
 
 int run_rdzv_check_fence(struct run_rdzv *r) {
   double since = (double)(mono_ns() - __atomic_load_n(&r->last_ok_ns, __ATOMIC_ACQUIRE)) / 1e9;
-  if (!run_rdzv_lost(r, NULL, 0) && since > run_rdzv_fence_after((double)r->ttl)) {
-    char why[256];
-    snprintf(why, sizeof(why), "etcd has not renewed its lease for %.1f s (TTL %lld s; an agent fences itself at "
-             "%.2f s, before the lease can expire)", since, (long long)r->ttl, run_rdzv_fence_after((double)r->ttl));
-    set_lost(r, why);
+  double fence = run_rdzv_fence_after((double)r->ttl);
+  if (!run_rdzv_lost(r, NULL, 0) && since > fence) {
+    if (since > r->outage_max) {
+      char why[256];
+      snprintf(why, sizeof(why), "etcd has not answered for %.1f s (DCOMM_RDZV_OUTAGE_TIMEOUT %g s; TTL %lld s)",
+               since, r->outage_max, (long long)r->ttl);
+      set_lost(r, why);
+    } else {
+      pause_workers(r, since);
+    }
   }
   return run_rdzv_lost(r, NULL, 0);
 }
@@ -137,7 +184,9 @@ static void *keepalive_main(void *arg) {
     int rc = dcomm__etcd_lease_keepalive(r->lc, r->lease, &left);
     __atomic_store_n(&r->healthy, rc == 0 && left > 0, __ATOMIC_RELEASE);
     if (rc == 0 && left > 0) {
+      double outage = (double)(sent - __atomic_load_n(&r->last_ok_ns, __ATOMIC_ACQUIRE)) / 1e9;
       __atomic_store_n(&r->last_ok_ns, sent, __ATOMIC_RELEASE);
+      resume_workers(r, outage);
     } else if (rc < 0 && rc != DCOMM_ENOTFOUND) {
       if (run_rdzv_check_fence(r)) break;
       sleep_s(0.05);
@@ -326,6 +375,7 @@ static void keep_pids(struct run_rdzv *r, const char *text) {
   free(r->pids);
   r->pids = v;
   r->npids = n;
+  if (r->paused) signal_workers_locked(r, SIGSTOP); /* one started meanwhile waits with the others */
   pthread_mutex_unlock(&r->lock);
 }
 
@@ -360,6 +410,7 @@ static int do_open(struct run_rdzv *r, struct dcomm_store **st, char token[33], 
   int64_t granted_at = mono_ns();
   DCOMM_CHECK(dcomm__etcd_lease_grant(r->kc, ttl, &r->lease, &r->ttl));
   if (r->ttl <= 0) r->ttl = ttl;
+  r->outage_max = dcomm__param_double(DCOMM_P_RDZV_OUTAGE_TIMEOUT);
   r->last_ok_ns = granted_at;
   r->healthy = 1;
   /* Registered first: from here on, nobody takes the job for a dead one. */
@@ -440,6 +491,20 @@ int run_rdzv_put(struct run_rdzv *r, const char *key, const char *val) {
   char k[600];
   snprintf(k, sizeof(k), "%s%s", r->ns, key);
   return dcomm__etcd_put(r->uc, k, val, strlen(val) + 1, r->lease, NULL);
+}
+
+int run_rdzv_peek(struct run_rdzv *r, const char *key, char *buf, size_t n) {
+  char k[600];
+  snprintf(k, sizeof(k), "%s%s", r->ns, key);
+  struct dcomm_etcd_kv kv;
+  int rc = dcomm__etcd_get(r->uc, k, -1, &kv, NULL);
+  if (rc == DCOMM_ENOTFOUND) return 0;
+  if (rc < 0) return rc;
+  size_t len = kv.vlen < n ? kv.vlen : n - 1;
+  if (len) memcpy(buf, kv.val, len);
+  buf[len] = 0;
+  dcomm__etcd_kv_clear(&kv);
+  return 1;
 }
 
 void run_rdzv_leave(struct run_rdzv *r, const char *why) {

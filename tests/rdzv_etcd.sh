@@ -65,7 +65,9 @@ base=$((20000 + ($$ % 20000)))
 # start_etcd NAME CLIENT_PORT PEER_PORT CLUSTER CLUSTER_TOKEN -> pid in $etcd_pid
 start_etcd() {
   local name=$1 cport=$2 pport=$3 cluster=$4
-  in_ns 0 etcd --name "$name" --data-dir "$work/etcd-$name-$cport" \
+  # in_ns_exec execs: $! is etcd itself (a backgrounded shell function
+  # would be a subshell, and killing it would leave etcd running)
+  "$work/in_ns_exec" 0 etcd --name "$name" --data-dir "$work/etcd-$name-$cport" \
     --listen-client-urls "http://$ehost:$cport" --advertise-client-urls "http://$ehost:$cport" \
     --listen-peer-urls "http://$ehost:$pport" --initial-advertise-peer-urls "http://$ehost:$pport" \
     --initial-cluster "$cluster" --initial-cluster-token "$tag-cluster-$5" \
@@ -132,7 +134,7 @@ timeout 120 "$run" --nproc-per-node 4 -- "$sgd" --steps $steps --checkpoint-ever
 ref=$(loss_of "$work/ref.out")
 [ -n "$ref" ] || { echo "not ok - the reference run failed"; cat "$work/ref.err"; exit 1; }
 
-start_etcd s0 $base $((base + 1)) "s0=http://$ehost:$((base + 1))" single
+start_etcd s0 $base $((base + 1)) "s0=http://$ehost:$((base + 1))" single; s0=$etcd_pid
 wait_etcd $base || { echo "not ok - etcd did not start"; cat "$work"/etcd-*.log | tail -20; exit 1; }
 ep=$ehost:$base
 
@@ -272,7 +274,7 @@ if wait_etcd $c1 && wait_etcd $c2 && wait_etcd $c3; then
     ld=$(echo "$s" | grep -o '"leader":"[0-9]*"' | grep -o '[0-9]*')
     [ -n "$id" ] && [ "$id" = "$ld" ] && leader=$3 lname=m$1
   done
-  [ -n "$leader" ] && kill -9 "$leader"
+  [ -n "$leader" ] && kill -9 "$leader" && wait "$leader" 2>/dev/null
   wait $a; ra=$?; wait $b; rb=$?
   f=$(final "$work/8a.out")$(final "$work/8b.out")
   if [ -n "$leader" ] && [ $ra$rb = 00 ] && echo "$f" | grep -q "world=4 generation=1 " &&
@@ -339,7 +341,7 @@ ct=$((base + 30))
 if command -v openssl >/dev/null && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
   -keyout "$work/tls.key" -out "$work/tls.pem" -days 2 -subj "/CN=$ehost" -addext "subjectAltName=IP:$ehost" \
   >/dev/null 2>&1; then
-  in_ns 0 etcd --name t1 --data-dir "$work/etcd-t1" \
+  "$work/in_ns_exec" 0 etcd --name t1 --data-dir "$work/etcd-t1" \
     --listen-client-urls "https://$ehost:$ct" --advertise-client-urls "https://$ehost:$ct" \
     --listen-peer-urls "http://$ehost:$((ct + 1))" --initial-advertise-peer-urls "http://$ehost:$((ct + 1))" \
     --initial-cluster "t1=http://$ehost:$((ct + 1))" --cert-file "$work/tls.pem" --key-file "$work/tls.key" \
@@ -372,6 +374,68 @@ if command -v openssl >/dev/null && openssl req -x509 -newkey ec -pkeyopt ec_par
 else
   skipped=$((skipped + 1))
   echo "ok $n - # SKIP TLS: openssl cannot make a certificate here"
+fi
+
+# ---- etcd outages: the job rides them out, paused, and goes on ----
+# stop_wait PID: SIGTERM (etcd's orderly stop), then wait for it.
+stop_wait() { kill "$1" 2>/dev/null; wait "$1" 2>/dev/null; }
+# outage_case N JOB ENDPOINTS DOWN-COMMAND UP-COMMAND: two nodes run JOB
+# with a step every 150 ms; at step 20 DOWN runs, 10 s later UP. Sets
+# ra rb (exit codes) and f (their final lines).
+outage_case() {
+  ckdir=$work/o$1
+  start_node 1 "$2" 2:2 "$3" "$work/o$1a" --sleep-ms 150; a=$node_pid
+  start_node 2 "$2" 2:2 "$3" "$work/o$1b" --sleep-ms 150; b=$node_pid
+  for _ in $(seq 1 300); do grep -qs "step=20 " "$work/o$1a.out" "$work/o$1b.out" && break; sleep 0.05; done
+  $4
+  sleep 10
+  $5
+  wait $a; ra=$?; wait $b; rb=$?
+  f=$(final "$work/o$1a.out")$(final "$work/o$1b.out")
+}
+rode_out() { # N: both finished in generation 1 (no recovery) with the right loss, paused and resumed, nothing left
+  [ $ra$rb = 00 ] && echo "$f" | grep -q "world=4 generation=1 " && same_loss "$(echo "$f" | sed 's/.*loss=//')" "$ref" &&
+    grep -q "paused 2 workers until etcd answers" "$work/o$1a.err" && grep -q "lease is alive: resumed 2 workers" "$work/o$1b.err" &&
+    ! left_behind
+}
+
+n=$((n + 1))
+outage_case 1 jobK "$ep" "stop_wait $s0" 'start_etcd s0 '"$base $((base + 1)) s0=http://$ehost:$((base + 1))"' single'
+s0=$etcd_pid; wait_etcd $base
+if rode_out 1; then
+  ok "etcd stopped for 10 s and restarted on its data: the nodes pause their workers, resume them, finish in generation 1 with the right loss ('$(grep -o 'etcd answers again.*' "$work/o1a.err" | head -1)')"
+else
+  notok "etcd restart (exit $ra $rb; '$f')" "$work/o1a.err" "$work/o1b.err"
+fi
+
+n=$((n + 1))
+# The three-member cluster of case 8, whole again, loses two members (no quorum) for 10 s.
+mp=([1]=$e1 [2]=$e2 [3]=$e3)
+mport=([1]=$c1 [2]=$c2 [3]=$c3)
+restart_member() { # index
+  start_etcd "m$1" "${mport[$1]}" $((mport[$1] + 1)) "$cl" three
+  mp[$1]=$etcd_pid
+}
+[ -n "$leader" ] && restart_member "${lname#m}" && wait_etcd "${mport[${lname#m}]}"
+quorum_down() { kill -9 "${mp[1]}" "${mp[2]}"; wait "${mp[1]}" "${mp[2]}" 2>/dev/null; }
+quorum_up() { restart_member 1; restart_member 2; wait_etcd "$c1"; wait_etcd "$c2"; }
+outage_case 2 jobL "$eps" quorum_down quorum_up
+if rode_out 2; then
+  ok "a three-member etcd loses quorum for 10 s (two members killed, then restarted): the job pauses, resumes and finishes in generation 1 with the right loss"
+else
+  notok "quorum loss (exit $ra $rb; '$f')" "$work/o2a.err" "$work/o2b.err"
+fi
+
+n=$((n + 1))
+# Longer than DCOMM_RDZV_OUTAGE_TIMEOUT: every node leaves the job cleanly.
+t0=$(date +%s)
+DCOMM_RDZV_OUTAGE_TIMEOUT=4 outage_case 3 jobM "$ep" "stop_wait $s0" 'start_etcd s0 '"$base $((base + 1)) s0=http://$ehost:$((base + 1))"' single'
+s0=$etcd_pid
+if [ $ra = 1 ] && [ $rb = 1 ] && grep -q "left the job: etcd has not answered for [0-9.]* s (DCOMM_RDZV_OUTAGE_TIMEOUT 4 s" "$work/o3a.err" &&
+  ! left_behind; then
+  ok "etcd away longer than DCOMM_RDZV_OUTAGE_TIMEOUT (4 s): both nodes stop their workers and exit 1 ('$(grep -o 'left the job: .*' "$work/o3b.err" | head -c 120)')"
+else
+  notok "outage past the bound (exit $ra $rb)" "$work/o3a.err" "$work/o3b.err"
 fi
 
 echo "$pass passed, $fail failed"

@@ -69,7 +69,8 @@ PATH=$work:$PATH
 
 port=$((30000 + ($$ % 20000)))
 [ $netns = 1 ] && port=2379
-in_ns 0 etcd --name o0 --data-dir "$work/etcd" \
+# in_ns_exec execs: $! is etcd itself, whom cleanup kills
+in_ns_exec 0 etcd --name o0 --data-dir "$work/etcd" \
   --listen-client-urls "http://$ehost:$port" --advertise-client-urls "http://$ehost:$port" \
   --listen-peer-urls "http://$ehost:$((port + 1))" --initial-advertise-peer-urls "http://$ehost:$((port + 1))" \
   --initial-cluster "o0=http://$ehost:$((port + 1))" >"$work/etcd.log" 2>&1 &

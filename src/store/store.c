@@ -275,6 +275,11 @@ static const struct dcomm_store_ops view_ops = {
     .close = view_close,
 };
 
+const char *dcomm__store_kind(const struct dcomm_store *s) {
+  if (s && s->ops == &view_ops) s = ((const struct store_view *)s)->of;
+  return s ? s->ops->name : "none";
+}
+
 int dcomm__store_view(struct dcomm_store *base, const char *prefix, struct dcomm_store **out) {
   if (!out) return dcomm__err(DCOMM_EINVAL, "store view: NULL output argument");
   *out = NULL;

@@ -117,6 +117,8 @@ int dcomm__store_set_prefix(struct dcomm_store *s, const char *prefix);
  * prefix, whatever base's prefix is now. Closing the view leaves base
  * open; base must outlive it. */
 int dcomm__store_view(struct dcomm_store *base, const char *prefix, struct dcomm_store **out);
+/* The kind of store behind s (a view's base): "tcp", "file" or "etcd". */
+const char *dcomm__store_kind(const struct dcomm_store *s);
 
 /* Embedded TCP store server: a thread that serves clients until stopped.
  * host NULL: all addresses; port 0: any (see dcomm__store_server_port). */
