@@ -6,6 +6,7 @@ pkgs=(build-essential autoconf automake libtool pkg-config check uuid-dev libssl
       libcurl4-openssl-dev libjansson-dev libpmix-dev libpmix-bin openmpi-bin libopenmpi-dev
       iproute2 groff-base man-db procps bc etcd-server etcd-client curl python3-yaml openssl slurm-wlm munge
       python3-torch python3-numpy python3-pytest clang-14 libclang-rt-14-dev)
+command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm) # tests/k8s_yaml.sh: schema check (a nodejs that brings its own npm is kept)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -1,19 +1,44 @@
 #!/usr/bin/env bash
 # tests/k8s_yaml.sh: checks the Kubernetes example (examples/k8s/*.yaml)
-# for what a user of it relies on: every document is a well-formed object;
-# the Job is Indexed with parallelism == completions, ends when one pod
-# succeeded, and replaces lost pods; its pods run dcomm-run with the etcd
-# rendezvous, an --rdzv-endpoint that is the client Service of etcd.yaml
-# (or its members) on a port that reaches etcd's client port, --rdzv-id,
-# --nnodes MIN:MAX with MAX == parallelism and --nproc-per-node; the
-# checkpoint directory is the mount of a ReadWriteMany claim; the grace
-# period covers dcomm-run's 10 s SIGTERM forwarding; the etcd StatefulSet
-# has as many replicas as --initial-cluster has members, named after its
-# pods and its headless Service; every $(VAR) in the arguments is defined.
-# Environment: top_srcdir (default .), PYTHON (a python3 with the yaml
-# module, Debian's python3-yaml). Exit status: 0 pass, 1 fail, 77 skip.
+# for what a user of it relies on.
+#
+# Plain checks (python3-yaml): every document is a well-formed object; each
+# Job is Indexed with parallelism == completions, ends when one pod
+# succeeded, replaces lost pods, fails at once on dcomm-run's exit 2 (bad
+# arguments) and ignores disruptions (podFailurePolicy), has
+# ttlSecondsAfterFinished and an activeDeadlineSeconds above DCOMM_TIMEOUT,
+# spreads its pods one per machine (topologySpreadConstraints DoNotSchedule
+# on kubernetes.io/hostname); its pods run dcomm-run with the etcd
+# rendezvous, an --rdzv-endpoint that is the client Service of etcd.yaml (or
+# its members) on a port that reaches etcd's client port, --rdzv-id,
+# --nnodes MIN:MAX with MAX == parallelism and --nproc-per-node (== the
+# nvidia.com/gpu limit with DCOMM_BACKEND=nccl); the checkpoint directory is
+# the mount of a ReadWriteMany claim defined in a file without a Job; the
+# grace period covers dcomm-run's 10 s SIGTERM forwarding; the images are
+# registry.example.com placeholders named in README.md; the etcd
+# StatefulSet has as many replicas as --initial-cluster has members, named
+# after its pods and its headless Service, and a required anti-affinity;
+# the NetworkPolicies let the jobs' pods reach each other on any port and
+# etcd on its client port, the members reach each other on the peer port,
+# and keep other pods out; every $(VAR) in the arguments is defined.
+#
+# Schema check: every document is validated against the Kubernetes 1.33 API
+# schema by the npm package kubernetes-models 4.5.1 (its generated
+# validate(): types, enums, required fields), made strict here (a field
+# that the schema does not know is an error, as the API server's strict
+# field validation says); broken copies of job.yaml (misspelled fields, a
+# wrong enum value) must be rejected. The package is installed with npm
+# (timeout K8S_NPM_TIMEOUT, default 120 s) into K8S_SCHEMA_DIR, else
+# $top_builddir/tests/k8s-schema for a separate build tree, else a temporary
+# folder; with no node/npm or no registry the test ends with 77 (skip)
+# after the plain checks, or 1 if one of them failed.
+#
+# Environment: top_srcdir or srcdir (the source tree; default: this
+# script's ..), top_builddir, PYTHON (a python3 with the yaml module,
+# Debian's python3-yaml), NODE, NPM. Exit status: 0 pass, 1 fail, 77 skip.
 set -u
-dir=${top_srcdir:-.}/examples/k8s
+src=${top_srcdir:-${srcdir:-$(dirname "$0")/..}}
+dir=$src/examples/k8s
 
 py=
 for c in ${PYTHON:-} python3 /usr/bin/python3; do
@@ -27,12 +52,16 @@ if [ -z "$py" ]; then
   exit 77
 fi
 
-exec "$py" - "$dir" <<'EOF'
-import glob, os, re, shlex, sys
+exec "$py" - "$dir" "$src" "${top_builddir:-}" <<'EOF'
+import atexit, glob, json, os, re, shlex, shutil, signal, subprocess, sys, tempfile
 import yaml
 
-d = sys.argv[1]
+d, src, builddir = sys.argv[1], sys.argv[2], sys.argv[3]
 n = passed = failed = 0
+
+KM_PACKAGE, KM_VERSION, K8S_SCHEMA = "kubernetes-models", "4.5.1", "1.33"
+PLACEHOLDER = "registry.example.com/"
+CPU_IMAGE = PLACEHOLDER + "dcomm:latest"
 
 
 def result(ok, name, why=""):
@@ -44,6 +73,7 @@ def result(ok, name, why=""):
     else:
         failed += 1
         print("not ok %d - %s%s" % (n, name, " (%s)" % why if why else ""))
+    sys.stdout.flush()
 
 
 def check(name, fn):
@@ -58,7 +88,7 @@ def check(name, fn):
 # ---- load every document ----
 docs = []  # (file, doc)
 files = sorted(glob.glob(os.path.join(d, "*.yaml")))
-for need in ("etcd.yaml", "job.yaml"):
+for need in ("etcd.yaml", "job.yaml", "job-gpu.yaml", "ckpt-pvc.yaml", "networkpolicy.yaml"):
     result(os.path.join(d, need) in files, "%s exists in %s" % (need, d))
 for f in files:
     try:
@@ -74,10 +104,11 @@ for f, x in docs:
         isinstance(x.get("metadata"), dict) and x["metadata"].get("name")
     desc = "%s %s" % (x.get("kind"), (x.get("metadata") or {}).get("name")) if isinstance(x, dict) else repr(x)[:40]
     result(bool(ok), "%s: %s has apiVersion, kind and metadata.name" % (f, desc))
+docs = [(f, x) for f, x in docs if isinstance(x, dict)]
 
 
 def objs(kind):
-    return [x for _, x in docs if isinstance(x, dict) and x.get("kind") == kind]
+    return [x for _, x in docs if x.get("kind") == kind]
 
 
 def one(kind):
@@ -92,6 +123,10 @@ def by_name(kind, name):
         if x["metadata"]["name"] == name:
             return x
     return None
+
+
+def file_of(obj):
+    return next(f for f, x in docs if x is obj)
 
 
 def flags(argv):
@@ -115,11 +150,18 @@ def port_of(url):
     return m.group(1), (int(m.group(2)) if m.group(2) else None)
 
 
+def env_value(c, name):
+    for e in c.get("env") or []:
+        if e["name"] == name:
+            return e.get("value")
+    return None
+
+
 VAR = re.compile(r"(?<!\$)\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
-# ---- the Job and its dcomm-run command line ----
+# ---- the Jobs and their dcomm-run command lines ----
 RUN_VALUED = {"nproc-per-node", "restart-policy", "max-restarts", "min-nproc", "nnodes",
-              "rdzv-backend", "rdzv-endpoint", "rdzv-id"}
+              "rdzv-backend", "rdzv-endpoint", "rdzv-id", "bind-to"}
 
 
 def parse_run(argv):
@@ -161,191 +203,276 @@ def run_argv(c):
     return None
 
 
-state = {}
+def job_checks(job):
+    jf = file_of(job)
+    st = {"job": job}
+    tag = "%s (Job %s)" % (jf, job["metadata"]["name"])
+
+    def setup():
+        tmpl = job["spec"]["template"]
+        st["pod"] = tmpl["spec"]
+        for c in tmpl["spec"]["containers"]:
+            argv = run_argv(c)
+            if argv is not None:
+                st["c"] = c
+                st["opts"], st["prog"] = parse_run(argv)
+                return None
+        return "no container of the Job runs dcomm-run"
+
+    check("%s: a container runs dcomm-run" % tag, setup)
+    opts = st.get("opts")
+
+    def need_run():
+        if opts is None:
+            raise LookupError("no dcomm-run command line")
+
+    def t_indexed():
+        s = job["spec"]
+        if s.get("completionMode") != "Indexed":
+            return "completionMode is %r" % s.get("completionMode")
+        if not isinstance(s.get("parallelism"), int) or s.get("parallelism") != s.get("completions"):
+            return "parallelism %r, completions %r" % (s.get("parallelism"), s.get("completions"))
+
+    check("%s: Indexed with parallelism == completions" % tag, t_indexed)
+
+    def t_lifecycle():
+        s = job["spec"]
+        rules = (s.get("successPolicy") or {}).get("rules") or []
+        if not any(r.get("succeededCount") == 1 and "succeededIndexes" not in r for r in rules):
+            return "no successPolicy rule succeededCount: 1 over all indexes"
+        if st["pod"].get("restartPolicy") != "Never":
+            return "restartPolicy is %r" % st["pod"].get("restartPolicy")
+        if not isinstance(s.get("backoffLimit"), int) or s["backoffLimit"] < 1:
+            return "backoffLimit %r replaces no lost pod" % s.get("backoffLimit")
+
+    check("%s: ends when one pod succeeded, replaces a failed pod by a new one (backoffLimit >= 1)" % tag,
+          t_lifecycle)
+
+    def t_failure_policy():
+        need_run()
+        rules = (job["spec"].get("podFailurePolicy") or {}).get("rules") or []
+        if st["pod"].get("restartPolicy") != "Never":
+            return "podFailurePolicy needs restartPolicy: Never"
+        fail = [r for r in rules if r.get("action") == "FailJob" and r.get("onExitCodes")]
+        if not fail:
+            return "no FailJob rule on exit codes"
+        ec = fail[0]["onExitCodes"]
+        if ec.get("containerName", st["c"]["name"]) != st["c"]["name"]:
+            return "the FailJob rule names container %r, dcomm-run runs in %r" % (ec.get("containerName"), st["c"]["name"])
+        if ec.get("operator") != "In" or sorted(ec.get("values") or []) != [2]:
+            return "FailJob on %s %s: dcomm-run's bad arguments are exit code 2 alone" % (ec.get("operator"), ec.get("values"))
+        ign = [r for r in rules if r.get("action") == "Ignore" and
+               any(c.get("type") == "DisruptionTarget" for c in r.get("onPodConditions") or [])]
+        if not ign:
+            return "no rule Ignore on the pod condition DisruptionTarget"
+
+    check("%s: podFailurePolicy: exit code 2 of dcomm-run fails the Job (FailJob), DisruptionTarget is ignored"
+          % tag, t_failure_policy)
+
+    def t_deadlines():
+        need_run()
+        s = job["spec"]
+        ttl, ads = s.get("ttlSecondsAfterFinished"), s.get("activeDeadlineSeconds")
+        if not isinstance(ttl, int) or ttl < 0:
+            return "ttlSecondsAfterFinished %r" % ttl
+        if not isinstance(ads, int) or ads <= 0:
+            return "activeDeadlineSeconds %r" % ads
+        t = int(env_value(st["c"], "DCOMM_TIMEOUT") or 60)
+        if ads <= t:
+            return "activeDeadlineSeconds %d <= DCOMM_TIMEOUT %d: the Job may end while its first world waits" % (ads, t)
+
+    check("%s: ttlSecondsAfterFinished and activeDeadlineSeconds (above DCOMM_TIMEOUT) are set" % tag, t_deadlines)
+
+    def t_spread():
+        s = job["spec"]
+        labels = s["template"]["metadata"]["labels"]
+        for c in st["pod"].get("topologySpreadConstraints") or []:
+            ml = (c.get("labelSelector") or {}).get("matchLabels") or {}
+            if c.get("topologyKey") == "kubernetes.io/hostname" and ml and \
+                    all(labels.get(k) == v for k, v in ml.items()):
+                if c.get("whenUnsatisfiable") != "DoNotSchedule":
+                    return "whenUnsatisfiable is %r" % c.get("whenUnsatisfiable")
+                if c.get("maxSkew") != 1:
+                    return "maxSkew %r" % c.get("maxSkew")
+                if c.get("minDomains") != s.get("parallelism"):
+                    return "minDomains %r != parallelism %r: a machine could get a second pod" % (
+                        c.get("minDomains"), s.get("parallelism"))
+                return None
+        return "no topologySpreadConstraint on kubernetes.io/hostname over the Job's pods"
+
+    check("%s: one pod per machine (topologySpreadConstraints DoNotSchedule, maxSkew 1, minDomains = parallelism)"
+          % tag, t_spread)
+
+    def t_backend():
+        need_run()
+        if opts.get("rdzv-backend") != "etcd":
+            return "--rdzv-backend is %r" % opts.get("rdzv-backend")
+
+    check("%s: dcomm-run --rdzv-backend etcd" % tag, t_backend)
+
+    def t_endpoint():
+        """Each endpoint is a Service of the etcd pods (through it, to a port
+        etcd listens on) or one member by its pod DNS name."""
+        need_run()
+        eps = opts.get("rdzv-endpoint")
+        if not eps:
+            return "no --rdzv-endpoint"
+        sts = one("StatefulSet")
+        labels = sts["spec"]["template"]["metadata"]["labels"]
+        etcd_c = sts["spec"]["template"]["spec"]["containers"][0]
+        ef = flags(etcd_c.get("args") or [])
+        listen = {port_of(u)[1] for u in ef.get("listen-client-urls", "").split(",") if u}
+        members = ["%s-%d" % (sts["metadata"]["name"], i) for i in range(sts["spec"]["replicas"])]
+        for ep in eps.split(","):
+            host, port = port_of(ep.strip())
+            part = host.split(".")
+            svc = by_name("Service", part[0])
+            if svc is None:
+                if len(part) > 1 and part[0] in members and part[1] == sts["spec"]["serviceName"]:
+                    if port not in listen:
+                        return "%s: etcd listens for clients on %s" % (ep, sorted(listen))
+                    continue
+                return "%s: no Service named %r, nor an etcd member" % (ep, part[0])
+            sel = svc["spec"].get("selector") or {}
+            if not sel or any(labels.get(k) != v for k, v in sel.items()):
+                return "Service %s does not select the etcd pods" % svc["metadata"]["name"]
+            sp = [p for p in svc["spec"]["ports"] if p["port"] == port]
+            if not sp:
+                return "%s: Service %s has no port %r (it has %s)" % (
+                    ep, svc["metadata"]["name"], port, [p["port"] for p in svc["spec"]["ports"]])
+            if svc["spec"].get("clusterIP") == "None":  # its names resolve to the pods themselves
+                cport = port
+            else:
+                tp = sp[0].get("targetPort", port)
+                cports = {p.get("name"): p["containerPort"] for p in etcd_c.get("ports") or []}
+                cport = cports.get(tp) if isinstance(tp, str) else tp
+                if cport is None:
+                    return "targetPort %r is no port of the etcd container" % tp
+            if cport not in listen:
+                return "%s reaches port %s of the etcd pods; etcd listens for clients on %s" % (ep, cport, sorted(listen))
+        return None
+
+    check("%s: --rdzv-endpoint names the client Service of etcd.yaml (or its members) and a port etcd serves there"
+          % tag, t_endpoint)
+
+    def t_id():
+        need_run()
+        v = opts.get("rdzv-id")
+        if not v:
+            return "no --rdzv-id"
+        names = {e["name"] for e in st["c"].get("env") or []}
+        missing = [m for m in VAR.findall(v) if m not in names]
+        if missing:
+            return "--rdzv-id %s uses undefined %s" % (v, missing)
+
+    check("%s: --rdzv-id is given (from the container's env)" % tag, t_id)
+
+    def t_nnodes():
+        need_run()
+        v = opts.get("nnodes", "")
+        m = re.fullmatch(r"(\d+):(\d+)", v)
+        if not m:
+            return "--nnodes %r is not MIN:MAX" % v
+        lo, hi = int(m.group(1)), int(m.group(2))
+        if not 1 <= lo <= hi:
+            return "--nnodes %s: need 1 <= MIN <= MAX" % v
+        if hi != job["spec"].get("parallelism"):
+            return "MAX %d != parallelism %r" % (hi, job["spec"].get("parallelism"))
+
+    check("%s: --nnodes MIN:MAX with MAX == the Job's parallelism" % tag, t_nnodes)
+
+    def t_nproc():
+        need_run()
+        v = opts.get("nproc-per-node", "")
+        if not re.fullmatch(r"\d+", v) or not 1 <= int(v) <= 4096:
+            return "--nproc-per-node %r" % v
+        if opts.get("restart-policy", "shrink") not in ("shrink", "replace"):
+            return "--restart-policy %s is refused with etcd" % opts["restart-policy"]
+
+    check("%s: --nproc-per-node N (and a restart policy the etcd backend takes)" % tag, t_nproc)
+
+    def t_gpu():
+        need_run()
+        lim = (st["c"].get("resources") or {}).get("limits") or {}
+        gpus = lim.get("nvidia.com/gpu")
+        backend = env_value(st["c"], "DCOMM_BACKEND")
+        if gpus is None and backend is None:
+            return None  # a CPU job
+        if backend != "nccl":
+            return "nvidia.com/gpu %r with DCOMM_BACKEND %r" % (gpus, backend)
+        if gpus is None or int(gpus) != int(opts.get("nproc-per-node", 0)):
+            return "nvidia.com/gpu limit %r != --nproc-per-node %r (one GPU per worker)" % (
+                gpus, opts.get("nproc-per-node"))
+        for name in ("NCCL_SOCKET_IFNAME", "NCCL_DEBUG"):
+            if env_value(st["c"], name) is None:
+                return "no %s" % name
+
+    check("%s: a GPU job sets DCOMM_BACKEND=nccl, NCCL_SOCKET_IFNAME, NCCL_DEBUG and one GPU per worker" % tag, t_gpu)
+
+    def t_ckpt():
+        need_run()
+        prog = st["prog"]
+        if not prog:
+            return "no program after dcomm-run's options"
+        ck = flags(prog[1:]).get("checkpoint-dir")
+        if not ck:
+            return "the program gets no --checkpoint-dir"
+        mounts = [m for m in st["c"].get("volumeMounts") or [] if m["mountPath"].rstrip("/") == ck.rstrip("/")]
+        if not mounts:
+            return "no volume mounted at %s" % ck
+        vols = {v["name"]: v for v in st["pod"].get("volumes") or []}
+        v = vols.get(mounts[0]["name"])
+        claim = ((v or {}).get("persistentVolumeClaim") or {}).get("claimName")
+        if not claim:
+            return "the volume at %s is not a claim" % ck
+        pvc = by_name("PersistentVolumeClaim", claim)
+        if pvc is None:
+            return "no PersistentVolumeClaim %s in the files" % claim
+        if "ReadWriteMany" not in pvc["spec"].get("accessModes", []):
+            return "claim %s is %s, not ReadWriteMany" % (claim, pvc["spec"].get("accessModes"))
+        pf = file_of(pvc)
+        if any(f == pf for f, x in docs if x.get("kind") == "Job"):
+            return "claim %s is in %s with a Job: deleting that file would delete the checkpoints" % (claim, pf)
+
+    check("%s: --checkpoint-dir is the mount of a ReadWriteMany claim kept in a file without a Job" % tag, t_ckpt)
+
+    def t_grace():
+        g = st["pod"].get("terminationGracePeriodSeconds", 30)
+        if not isinstance(g, int) or g <= 10:
+            return "terminationGracePeriodSeconds %r" % g
+
+    check("%s: terminationGracePeriodSeconds > 10 (dcomm-run SIGKILLs its workers 10 s after forwarding SIGTERM)"
+          % tag, t_grace)
 
 
-def job_setup():
-    job = one("Job")
-    state["job"] = job
-    tmpl = job["spec"]["template"]
-    state["pod"] = tmpl["spec"]
-    for c in tmpl["spec"]["containers"]:
-        argv = run_argv(c)
-        if argv is not None:
-            state["c"] = c
-            state["opts"], state["prog"] = parse_run(argv)
-            return None
-    return "no container of the Job runs dcomm-run"
+jobs = objs("Job")
+result(len(jobs) >= 2, "a Job in job.yaml and one in job-gpu.yaml (found %d)" % len(jobs))
+for job in jobs:
+    job_checks(job)
 
 
-check("job.yaml: one Job whose container runs dcomm-run", job_setup)
-job, opts = state.get("job"), state.get("opts")
+# ---- images ----
+def t_images():
+    readme = open(os.path.join(d, "README.md")).read()
+    if not re.search(r"[Rr]eplace", readme):
+        return "README.md does not say to replace the placeholder images"
+    seen = set()
+    for job in jobs:
+        for c in job["spec"]["template"]["spec"]["containers"]:
+            img = c.get("image", "")
+            if not img.startswith(PLACEHOLDER):
+                return "%s: image %s is not under the placeholder %s" % (job["metadata"]["name"], img, PLACEHOLDER)
+            if img not in readme:
+                return "image %s is not named in README.md" % img
+            seen.add(img)
+    if CPU_IMAGE not in seen:
+        return "no Job runs %s, the image the Dockerfile's example builds" % CPU_IMAGE
+    df = open(os.path.join(d, "Dockerfile")).read()
+    if CPU_IMAGE not in df:
+        return "the Dockerfile's build command does not tag %s" % CPU_IMAGE
 
 
-def need_run():
-    if opts is None:
-        raise LookupError("no dcomm-run command line")
-
-
-def t_indexed():
-    s = job["spec"]
-    if s.get("completionMode") != "Indexed":
-        return "completionMode is %r" % s.get("completionMode")
-    if not isinstance(s.get("parallelism"), int) or s.get("parallelism") != s.get("completions"):
-        return "parallelism %r, completions %r" % (s.get("parallelism"), s.get("completions"))
-
-
-check("the Job is Indexed with parallelism == completions", t_indexed)
-
-
-def t_lifecycle():
-    s = job["spec"]
-    rules = (s.get("successPolicy") or {}).get("rules") or []
-    if not any(r.get("succeededCount") == 1 and "succeededIndexes" not in r for r in rules):
-        return "no successPolicy rule succeededCount: 1 over all indexes"
-    if state["pod"].get("restartPolicy") != "Never":
-        return "restartPolicy is %r" % state["pod"].get("restartPolicy")
-    if not isinstance(s.get("backoffLimit"), int) or s["backoffLimit"] < 1:
-        return "backoffLimit %r replaces no lost pod" % s.get("backoffLimit")
-
-
-check("the Job ends when one pod succeeded, and replaces a failed pod by a new one (backoffLimit >= 1)",
-      t_lifecycle)
-
-
-def t_backend():
-    need_run()
-    if opts.get("rdzv-backend") != "etcd":
-        return "--rdzv-backend is %r" % opts.get("rdzv-backend")
-
-
-check("dcomm-run --rdzv-backend etcd", t_backend)
-
-
-def t_endpoint():
-    """Each endpoint is a Service of the etcd pods (through it, to a port
-    etcd listens on) or one member by its pod DNS name."""
-    need_run()
-    eps = opts.get("rdzv-endpoint")
-    if not eps:
-        return "no --rdzv-endpoint"
-    sts = one("StatefulSet")
-    labels = sts["spec"]["template"]["metadata"]["labels"]
-    etcd_c = sts["spec"]["template"]["spec"]["containers"][0]
-    ef = flags(etcd_c.get("args") or [])
-    listen = {port_of(u)[1] for u in ef.get("listen-client-urls", "").split(",") if u}
-    members = ["%s-%d" % (sts["metadata"]["name"], i) for i in range(sts["spec"]["replicas"])]
-    for ep in eps.split(","):
-        host, port = port_of(ep.strip())
-        part = host.split(".")
-        svc = by_name("Service", part[0])
-        if svc is None:
-            if len(part) > 1 and part[0] in members and part[1] == sts["spec"]["serviceName"]:
-                if port not in listen:
-                    return "%s: etcd listens for clients on %s" % (ep, sorted(listen))
-                continue
-            return "%s: no Service named %r, nor an etcd member" % (ep, part[0])
-        sel = svc["spec"].get("selector") or {}
-        if not sel or any(labels.get(k) != v for k, v in sel.items()):
-            return "Service %s does not select the etcd pods" % svc["metadata"]["name"]
-        sp = [p for p in svc["spec"]["ports"] if p["port"] == port]
-        if not sp:
-            return "%s: Service %s has no port %r (it has %s)" % (
-                ep, svc["metadata"]["name"], port, [p["port"] for p in svc["spec"]["ports"]])
-        if svc["spec"].get("clusterIP") == "None":  # its names resolve to the pods themselves
-            cport = port
-        else:
-            tp = sp[0].get("targetPort", port)
-            cports = {p.get("name"): p["containerPort"] for p in etcd_c.get("ports") or []}
-            cport = cports.get(tp) if isinstance(tp, str) else tp
-            if cport is None:
-                return "targetPort %r is no port of the etcd container" % tp
-        if cport not in listen:
-            return "%s reaches port %s of the etcd pods; etcd listens for clients on %s" % (ep, cport, sorted(listen))
-    return None
-
-
-check("--rdzv-endpoint names the client Service of etcd.yaml (or its members) and a port etcd serves there",
-      t_endpoint)
-
-
-def t_id():
-    need_run()
-    v = opts.get("rdzv-id")
-    if not v:
-        return "no --rdzv-id"
-    names = {e["name"] for e in state["c"].get("env") or []}
-    missing = [m for m in VAR.findall(v) if m not in names]
-    if missing:
-        return "--rdzv-id %s uses undefined %s" % (v, missing)
-
-
-check("--rdzv-id is given (from the container's env)", t_id)
-
-
-def t_nnodes():
-    need_run()
-    v = opts.get("nnodes", "")
-    m = re.fullmatch(r"(\d+):(\d+)", v)
-    if not m:
-        return "--nnodes %r is not MIN:MAX" % v
-    lo, hi = int(m.group(1)), int(m.group(2))
-    if not 1 <= lo <= hi:
-        return "--nnodes %s: need 1 <= MIN <= MAX" % v
-    if hi != job["spec"].get("parallelism"):
-        return "MAX %d != parallelism %r" % (hi, job["spec"].get("parallelism"))
-
-
-check("--nnodes MIN:MAX with MAX == the Job's parallelism", t_nnodes)
-
-
-def t_nproc():
-    need_run()
-    v = opts.get("nproc-per-node", "")
-    if not re.fullmatch(r"\d+", v) or not 1 <= int(v) <= 4096:
-        return "--nproc-per-node %r" % v
-    if opts.get("restart-policy", "shrink") not in ("shrink", "replace"):
-        return "--restart-policy %s is refused with etcd" % opts["restart-policy"]
-
-
-check("--nproc-per-node N (and a restart policy the etcd backend takes)", t_nproc)
-
-
-def t_ckpt():
-    need_run()
-    prog = state["prog"]
-    if not prog:
-        return "no program after dcomm-run's options"
-    f = flags(prog[1:])
-    ck = f.get("checkpoint-dir")
-    if not ck:
-        return "the program gets no --checkpoint-dir"
-    mounts = [m for m in state["c"].get("volumeMounts") or [] if m["mountPath"].rstrip("/") == ck.rstrip("/")]
-    if not mounts:
-        return "no volume mounted at %s" % ck
-    vols = {v["name"]: v for v in state["pod"].get("volumes") or []}
-    v = vols.get(mounts[0]["name"])
-    claim = ((v or {}).get("persistentVolumeClaim") or {}).get("claimName")
-    if not claim:
-        return "the volume at %s is not a claim" % ck
-    pvc = by_name("PersistentVolumeClaim", claim)
-    if pvc is None:
-        return "no PersistentVolumeClaim %s in the files" % claim
-    if "ReadWriteMany" not in pvc["spec"].get("accessModes", []):
-        return "claim %s is %s, not ReadWriteMany" % (claim, pvc["spec"].get("accessModes"))
-
-
-check("--checkpoint-dir is the mount path of a ReadWriteMany claim defined with the Job", t_ckpt)
-
-
-def t_grace():
-    g = state["pod"].get("terminationGracePeriodSeconds", 30)
-    if not isinstance(g, int) or g <= 10:
-        return "terminationGracePeriodSeconds %r" % g
-
-
-check("terminationGracePeriodSeconds > 10 (dcomm-run SIGKILLs its workers 10 s after forwarding SIGTERM)",
-      t_grace)
+check("the Jobs' images are %s... placeholders, named in README.md and the Dockerfile" % PLACEHOLDER, t_images)
 
 # ---- etcd ----
 
@@ -393,6 +520,21 @@ check("the StatefulSet's serviceName is a headless Service that publishes member
       t_headless)
 
 
+def t_etcd_anti():
+    sts = one("StatefulSet")
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    aa = (sts["spec"]["template"]["spec"].get("affinity") or {}).get("podAntiAffinity") or {}
+    for t in aa.get("requiredDuringSchedulingIgnoredDuringExecution") or []:
+        ml = (t.get("labelSelector") or {}).get("matchLabels") or {}
+        if t.get("topologyKey") == "kubernetes.io/hostname" and ml and \
+                all(labels.get(k) == v for k, v in ml.items()):
+            return None
+    return "no requiredDuringSchedulingIgnoredDuringExecution term on kubernetes.io/hostname over the members"
+
+
+check("the etcd members never share a machine (required podAntiAffinity on kubernetes.io/hostname)", t_etcd_anti)
+
+
 def t_selectors():
     bad = []
     for f, x in docs:
@@ -413,17 +555,115 @@ def t_selectors():
             ml = (s or {}).get("matchLabels") or {}
             if not ml or any(labels.get(k) != v for k, v in ml.items()):
                 bad.append("%s %s: %s" % (x["kind"], x["metadata"]["name"], ml))
-    for x in objs("PodDisruptionBudget"):
-        ml = x["spec"]["selector"].get("matchLabels") or {}
-        if not any(all(((t.get("spec") or {}).get("template", {}).get("metadata", {}).get("labels") or {}).get(k) == v
-                       for k, v in ml.items()) for _, t in docs):
-            bad.append("PodDisruptionBudget %s selects no pods" % x["metadata"]["name"])
+    for x in objs("PodDisruptionBudget") + objs("NetworkPolicy"):
+        sel = x["spec"].get("selector") or x["spec"].get("podSelector") or {}
+        if not pods_matching(sel.get("matchLabels") or {}):
+            bad.append("%s %s selects no pods" % (x["kind"], x["metadata"]["name"]))
     if bad:
         return "; ".join(bad)
 
 
-check("the label selectors (StatefulSet, spreading, anti-affinity, disruption budget) select their own pods",
-      t_selectors)
+def pod_templates():
+    out = []
+    for f, x in docs:
+        tmpl = (x.get("spec") or {}).get("template")
+        if tmpl:
+            out.append((x, (tmpl.get("metadata") or {}).get("labels") or {}, tmpl["spec"]))
+    return out
+
+
+def pods_matching(ml):
+    return [x for x, labels, _ in pod_templates() if all(labels.get(k) == v for k, v in ml.items())]
+
+
+check("the label selectors (StatefulSet, spreading, anti-affinity, disruption budget, network policies) "
+      "select their own pods", t_selectors)
+
+# ---- network policies ----
+NS = "default"
+
+
+def np_peer_matches(peer, pod):
+    """pod: (namespace, labels). A peer with only a podSelector means this
+    namespace; an ipBlock matches no pod here."""
+    if "ipBlock" in peer:
+        return False
+    ps, nsel = peer.get("podSelector"), peer.get("namespaceSelector")
+    ns_labels = {"kubernetes.io/metadata.name": pod[0]}
+    if nsel is None and pod[0] != NS:
+        return False
+    if nsel is not None and any(ns_labels.get(k) != v for k, v in (nsel.get("matchLabels") or {}).items()):
+        return False
+    return all(pod[1].get(k) == v for k, v in ((ps or {}).get("matchLabels") or {}).items())
+
+
+def np_rule_matches(rule, key, other, port, proto):
+    peers = rule.get(key)
+    if peers is not None and not any(np_peer_matches(p, other) for p in peers):
+        return False
+    ports = rule.get("ports")
+    if ports is None:
+        return True
+    for p in ports:
+        if p.get("protocol", "TCP") != proto:
+            continue
+        lo = p.get("port")
+        if lo is None or (lo <= port <= p.get("endPort", lo)):
+            return True
+    return False
+
+
+def np_allows(src, dst, port, proto="TCP"):
+    """src, dst: (namespace, labels). Allowed when the source's egress and
+    the destination's ingress both allow it (an unselected side allows all)."""
+    for side, me, other, ptype, key, rkey in ((0, src, dst, "Egress", "egress", "to"),
+                                              (1, dst, src, "Ingress", "ingress", "from")):
+        pols = [p for p in objs("NetworkPolicy") if me[0] == NS and ptype in (p["spec"].get("policyTypes") or ["Ingress"])
+                and all(me[1].get(k) == v for k, v in (p["spec"]["podSelector"].get("matchLabels") or {}).items())]
+        if pols and not any(np_rule_matches(r, rkey, other, port, proto)
+                            for p in pols for r in p["spec"].get(key) or []):
+            return False
+    return True
+
+
+def t_netpol():
+    if not objs("NetworkPolicy"):
+        return "no NetworkPolicy in the files"
+    sts = one("StatefulSet")
+    etcd = (NS, sts["spec"]["template"]["metadata"]["labels"])
+    ef = flags(sts["spec"]["template"]["spec"]["containers"][0].get("args") or [])
+    client = port_of(ef.get("listen-client-urls", ""))[1]
+    peer = port_of(ef.get("listen-peer-urls", ""))[1]
+    dns = ("kube-system", {"k8s-app": "kube-dns"})
+    other = (NS, {"app": "something-else"})
+    bad = []
+    for job in jobs:
+        me = (NS, job["spec"]["template"]["metadata"]["labels"])
+        name = job["metadata"]["name"]
+        for j2 in jobs:  # this job's own pods and the other job's
+            peer_pod = (NS, j2["spec"]["template"]["metadata"]["labels"])
+            if j2 is job:
+                for port in (1024, 40000, 65535):
+                    if not np_allows(me, peer_pod, port):
+                        bad.append("%s pods cannot reach each other on port %d" % (name, port))
+        if not np_allows(me, etcd, client):
+            bad.append("%s cannot reach etcd on %d" % (name, client))
+        if not (np_allows(me, dns, 53, "UDP") and np_allows(me, dns, 53, "TCP")):
+            bad.append("%s cannot reach the cluster DNS" % name)
+        if np_allows(other, me, 40000):
+            bad.append("any pod reaches %s: the policy does not isolate it" % name)
+    if not np_allows(etcd, etcd, peer):
+        bad.append("etcd members cannot reach each other on %d" % peer)
+    if not np_allows(etcd, dns, 53, "UDP"):
+        bad.append("etcd cannot reach the cluster DNS")
+    if np_allows(other, etcd, client):
+        bad.append("any pod reaches etcd: the policy does not isolate it")
+    if bad:
+        return "; ".join(bad)
+
+
+check("NetworkPolicy: the jobs' pods reach each other on any port and etcd on its client port, "
+      "members reach each other on the peer port, DNS works, other pods are kept out", t_netpol)
 
 
 def t_vars():
@@ -435,15 +675,195 @@ def t_vars():
             continue
         for c in tmpl["spec"].get("containers", []):
             names = {e["name"] for e in c.get("env") or []}
-            for a in (c.get("command") or []) + (c.get("args") or []):
+            for a in (c.get("command") or []) + (c.get("args") or []) + \
+                    [m.get("subPathExpr", "") for m in c.get("volumeMounts") or []]:
                 bad += ["%s/%s: $(%s)" % (x["metadata"]["name"], c["name"], m)
                         for m in VAR.findall(str(a)) if m not in names]
     if bad:
         return "undefined: " + ", ".join(bad)
 
 
-check("every $(VAR) in a container's command and args is defined in its env", t_vars)
+check("every $(VAR) in a container's command, args and subPathExpr is defined in its env", t_vars)
 
+
+def t_comments():
+    bad = [os.path.basename(f) for f in glob.glob(os.path.join(d, "*"))
+           if os.path.isfile(f) and not f.endswith(".md") and not open(f).read().startswith("#")]
+    if bad:
+        return "no leading comment: %s" % ", ".join(sorted(bad))
+
+
+check("every file of examples/k8s but README.md starts with a comment", t_comments)
+
+# ---- schema check ----
+VALIDATOR = r"""
+// Validates JSON documents with kubernetes-models (node >= 14): the model's
+// validate() (types, enums, required fields), then, by running the same
+// compiled validator over a proxy that records which properties it reads,
+// every field that the schema does not know (the validator reads every
+// property its schema defines; maps are read key by key).
+"use strict";
+const fs = require("fs");
+const [, , modDir, input] = process.argv;
+const load = (m) => require(require.resolve(m, { paths: [modDir] }));
+const out = [];
+for (const d of JSON.parse(fs.readFileSync(input, "utf8"))) {
+  const res = { id: d.id, errors: [] };
+  out.push(res);
+  const doc = d.doc, av = String(doc.apiVersion || ""), kind = String(doc.kind || "");
+  const group = av.includes("/") ? av.split("/")[0] : "";
+  let Cls;
+  try { Cls = load("kubernetes-models/" + (group ? group + "/" : "") + av.split("/").pop())[kind]; } catch (e) { }
+  if (typeof Cls !== "function" || Cls.apiVersion !== av || Cls.kind !== kind) {
+    res.errors.push("no such apiVersion/kind in Kubernetes: " + av + " " + kind);
+    continue;
+  }
+  try { new Cls(doc).validate(); } catch (e) { res.errors.push(e.message); }
+  const seen = new Map(), proxies = new Map();
+  const note = (t, k) => { if (typeof k === "string") seen.get(t).add(k); };
+  const wrap = (o) => {
+    if (o === null || typeof o !== "object") return o;
+    if (!proxies.has(o)) {
+      seen.set(o, new Set());
+      proxies.set(o, new Proxy(o, {
+        get(t, k, r) { note(t, k); return wrap(Reflect.get(t, k, r)); },
+        has(t, k) { note(t, k); return Reflect.has(t, k); },
+        getOwnPropertyDescriptor(t, k) { note(t, k); return Reflect.getOwnPropertyDescriptor(t, k); },
+      }));
+    }
+    return proxies.get(o);
+  };
+  try { Cls.prototype.validate.call(wrap(doc)); } catch (e) { }
+  const walk = (o, p) => {
+    if (Array.isArray(o)) { o.forEach((x, i) => walk(x, p + "/" + i)); return; }
+    if (o === null || typeof o !== "object") return;
+    const s = seen.get(o);
+    for (const k of Object.keys(o)) {
+      if (s && s.size && !s.has(k)) res.errors.push("data" + p + "/" + k + " is not a field of the schema");
+      walk(o[k], p + "/" + k);
+    }
+  };
+  walk(doc, "");
+}
+process.stdout.write(JSON.stringify(out));
+"""
+
+
+def run_bounded(argv, timeout, **kw):
+    """subprocess.run with a timeout that kills the whole process group."""
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, **kw)
+    try:
+        o, e = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        return None, "", "timed out after %d s" % timeout
+    return p.returncode, o.decode(errors="replace"), e.decode(errors="replace")
+
+
+def schema_dir():
+    if os.environ.get("K8S_SCHEMA_DIR"):
+        return os.environ["K8S_SCHEMA_DIR"]
+    if builddir and os.path.realpath(builddir) != os.path.realpath(src):
+        return os.path.join(builddir, "tests", "k8s-schema")
+    t = tempfile.mkdtemp(prefix="dcomm-k8s-schema.")
+    atexit.register(shutil.rmtree, t, True)
+    return t
+
+
+def setup_validator():
+    """The folder that holds node_modules/kubernetes-models, or a reason."""
+    node = os.environ.get("NODE") or shutil.which("node") or shutil.which("nodejs")
+    if not node:
+        return None, None, "no node (apt-get install nodejs npm)"
+    rc, o, e = run_bounded([node, "-e", "process.exit(+process.versions.node.split('.')[0] >= 14 ? 0 : 1)"], 30)
+    if rc != 0:
+        return None, None, "node is older than 14 or does not run (%s)" % (e.strip() or rc)
+    where = os.path.abspath(schema_dir())
+    pj = os.path.join(where, "node_modules", KM_PACKAGE, "package.json")
+    try:
+        have = json.load(open(pj)).get("version")
+    except (OSError, ValueError):
+        have = None
+    if have != KM_VERSION:
+        npm = os.environ.get("NPM") or shutil.which("npm")
+        if not npm:
+            return None, None, "no npm to install %s@%s (apt-get install npm)" % (KM_PACKAGE, KM_VERSION)
+        os.makedirs(where, exist_ok=True)
+        env = dict(os.environ, npm_config_fetch_retries="1", npm_config_fetch_timeout="30000",
+                   npm_config_update_notifier="false")
+        t = int(os.environ.get("K8S_NPM_TIMEOUT", "120"))
+        rc, o, e = run_bounded([npm, "install", "--prefix", where, "--no-audit", "--no-fund", "--no-package-lock",
+                                "--ignore-scripts", "--prefer-offline", "--loglevel=error",
+                                "%s@%s" % (KM_PACKAGE, KM_VERSION)], t, env=env, cwd=where)
+        if rc != 0:
+            lines = [l for l in (e or "").splitlines() if l.strip() and "complete log" not in l]
+            last = [l for l in lines if " code " in l or "ERR" in l][:1] or lines[-1:] or [str(rc)]
+            return None, None, "npm install %s@%s failed (no registry?): %s" % (KM_PACKAGE, KM_VERSION, last[0][:200])
+    return node, where, None
+
+
+def validate(node, where, items):
+    """items: [(id, doc)] -> {id: [errors]}, or raises."""
+    with tempfile.TemporaryDirectory(prefix="dcomm-k8s-validate.") as t:
+        js, inp = os.path.join(t, "validate.js"), os.path.join(t, "docs.json")
+        open(js, "w").write(VALIDATOR)
+        json.dump([{"id": i, "doc": x} for i, x in items], open(inp, "w"))
+        rc, o, e = run_bounded([node, js, where, inp], 120)
+        if rc != 0:
+            raise RuntimeError("node: %s" % (e.strip()[-300:] or rc))
+        return {r["id"]: r["errors"] for r in json.loads(o)}
+
+
+node, where, why = setup_validator()
+skip = None
+if why:
+    skip = "schema check: %s" % why
+    print("# skip %s" % skip)
+else:
+    label = "Kubernetes %s schema (%s %s)" % (K8S_SCHEMA, KM_PACKAGE, KM_VERSION)
+    items = [("%s#%d" % (f, k), x) for k, (f, x) in enumerate(docs)]
+    # Broken copies of job.yaml: each must be rejected, naming the field.
+    job_text = open(os.path.join(d, "job.yaml")).read()
+    broken = [("a misspelled field (topologySpreadConstraint)", "topologySpreadConstraints:",
+               "topologySpreadConstraint:", "topologySpreadConstraint"),
+              ("a misspelled field (onExitCode)", "onExitCodes:", "onExitCode:", "onExitCode"),
+              ("a wrong enum value (whenUnsatisfiable: DoNotScheduled)", "whenUnsatisfiable: DoNotSchedule",
+               "whenUnsatisfiable: DoNotScheduled", "whenUnsatisfiable"),
+              ("a string for an integer (backoffLimit: six)", "backoffLimit: 6", "backoffLimit: six",
+               "backoffLimit")]
+    for k, (what, old, new, field) in enumerate(broken):
+        if old not in job_text:
+            result(False, "schema check: job.yaml has %r to break" % old)
+            continue
+        bad = [x for x in yaml.safe_load_all(job_text.replace(old, new, 1)) if isinstance(x, dict) and x.get("kind") == "Job"]
+        items.append(("broken#%d" % k, bad[0]))
+    try:
+        got = validate(node, where, items)
+    except Exception as e:
+        got = None
+        result(False, "schema check runs (%s)" % label, str(e))
+    if got is not None:
+        for i, x in items:
+            if i.startswith("broken#"):
+                continue
+            errs = got.get(i)
+            result(errs == [], "%s: %s %s is valid against the %s" % (
+                i.split("#")[0], x.get("kind"), x["metadata"].get("name"), label), "; ".join(errs or ["no answer"]))
+        for k, (what, old, new, field) in enumerate(broken):
+            errs = got.get("broken#%d" % k)
+            if errs is None:
+                continue
+            result(bool(errs) and any(field in e for e in errs),
+                   "the schema check rejects job.yaml with %s" % what,
+                   "; ".join(errs) if errs else "accepted")
+            if errs:
+                print("#   %s" % "; ".join(errs)[:300])
+
+if skip and not failed:
+    print("%d passed, %d failed" % (passed, failed))
+    print("skip: %s (the %d checks above passed)" % (skip, passed))
+    sys.exit(77)
 print("%d passed, %d failed" % (passed, failed))
 sys.exit(1 if failed or not n else 0)
 EOF

@@ -89,6 +89,22 @@ class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
         self._spawn_processes()
 
 
+def _deselect_listed(cls):
+    """SUITE_DESELECT_LISTED=1: the cases expected-skips.txt lists for this world size are not run at
+    all (most skip only after spawning their processes, ~2 s each): make check's quicker pass."""
+    if os.environ.get("SUITE_DESELECT_LISTED") != "1":
+        return
+    world = os.environ["WORLD_SIZE"]
+    with open(os.path.join(HERE, "expected-skips.txt")) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 2 and parts[0] == world and hasattr(cls, parts[1]):
+                setattr(cls, parts[1], None)  # not callable: the loader passes it by
+
+
+_deselect_listed(TestDistBackendWithSpawn)
+
+
 class _Recorder(unittest.TextTestResult):
     """Also writes `<status> <test> <reason>` lines to $SUITE_RESULTS for torch-suite.sh."""
 
