@@ -428,7 +428,6 @@ fi
 
 n=$((n + 1))
 # Longer than DCOMM_RDZV_OUTAGE_TIMEOUT: every node leaves the job cleanly.
-t0=$(date +%s)
 DCOMM_RDZV_OUTAGE_TIMEOUT=4 outage_case 3 jobM "$ep" "stop_wait $s0" 'start_etcd s0 '"$base $((base + 1)) s0=http://$ehost:$((base + 1))"' single'
 s0=$etcd_pid
 if [ $ra = 1 ] && [ $rb = 1 ] && grep -q "left the job: etcd has not answered for [0-9.]* s (DCOMM_RDZV_OUTAGE_TIMEOUT 4 s" "$work/o3a.err" &&
