@@ -43,6 +43,8 @@ struct dcomm_store;
 #define DCOMM_KEY_AGENT_FMT "rdzv/agent/%ld"
 #define DCOMM_KEY_LEFT_FMT "rdzv/left/%ld"
 #define DCOMM_KEY_WORKERS_FMT "rdzv/workers/%ld"
+/* An agent writes it (under its lease) to learn whether etcd takes writes. */
+#define DCOMM_KEY_PROBE_FMT "rdzv/probe/%ld"
 #define DCOMM_KEY_CKPT_LAST "ckpt/last"
 /* ckpt/last: step, generation, file name. */
 #define DCOMM_CKPT_LAST_FMT "%llu %lld %s"

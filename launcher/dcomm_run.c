@@ -89,7 +89,7 @@ struct agent {
   double hb_timeout;
   double last_tick;   /* when tick last ran (a long gap: this agent was frozen) */
   double resumed_at;  /* CLOCK_MONOTONIC when it came back; heartbeats count from there */
-  int etcd_silent;    /* etcd did not answer the last renewal (heartbeats count from its return) */
+  int etcd_silent;    /* etcd did not renew the lease or take a write (heartbeats count from its return) */
   int store_warned;
   double t0;
   char fail_reason[512];
@@ -495,9 +495,20 @@ static int late_worker_hung(struct agent *a, struct run_worker *w, double age, d
   return w->starved > 0 && age > STARVED_MAX_TIMEOUTS * a->hb_timeout;
 }
 
+/* 1 when etcd does not take writes: then no worker can write its
+ * heartbeat, and their ages count from etcd's return (tick). */
+static int etcd_unwritable(struct agent *a) {
+  if (!a->rdzv || run_rdzv_write_probe(a->rdzv) == 0) return 0;
+  if (!a->etcd_silent)
+    run_log("etcd renews this node's lease but does not take writes (%s): the workers' heartbeats count from its "
+            "return", dcomm_last_error());
+  a->etcd_silent = 1;
+  return 1;
+}
+
 static void heartbeat_check(struct agent *a) {
   double now = dcomm__now(), wall = wall_now();
-  if (a->rdzv && !run_rdzv_healthy(a->rdzv)) return; /* etcd, not the workers, is silent */
+  if (a->rdzv && (a->etcd_silent || !run_rdzv_healthy(a->rdzv))) return; /* etcd, not the workers, is silent */
   for (size_t i = 0; i < a->nw && a->phase == PH_RUN; i++) {
     struct run_worker *w = a->w[i];
     if (!w->running || w->hung || w->agent_stop) continue;
@@ -514,6 +525,7 @@ static void heartbeat_check(struct agent *a) {
        * hosts the store): they count from its return. */
       double age = wall - (t > a->resumed_at ? t : a->resumed_at);
       if (late_worker_hung(a, w, age, now)) {
+        if (etcd_unwritable(a)) return;
         run_log("worker %d (pid %d) is hung: its last heartbeat is %.1f s old (DCOMM_HEARTBEAT_TIMEOUT %g s)%s; "
                 "killing it",
                 w->rank, (int)w->pid, age, a->hb_timeout, w->starved > 0 ? " although it waits for a processor" : "");
@@ -521,6 +533,7 @@ static void heartbeat_check(struct agent *a) {
         kill(w->pid, SIGKILL);
       }
     } else if (a->hb_seen && now - w->spawn_t > STARTUP_GRACE_S) {
+      if (etcd_unwritable(a)) return;
       run_log("worker %d (pid %d) is hung: no heartbeat %.0f s after its start while the other workers send "
               "theirs; killing it",
               w->rank, (int)w->pid, STARTUP_GRACE_S);
@@ -541,9 +554,10 @@ static void tick(struct agent *a) {
   if (a->rdzv) {
     run_rdzv_check_fence(a->rdzv);
     /* After an etcd outage (the workers may have been paused, and their
-     * heartbeats could not be written) heartbeats count from its end. */
+     * heartbeats could not be written) heartbeats count from its end: when
+     * etcd renews the lease and takes a write again. */
     if (!run_rdzv_healthy(a->rdzv)) a->etcd_silent = 1;
-    else if (a->etcd_silent) {
+    else if (a->etcd_silent && run_rdzv_write_probe(a->rdzv) == 0) {
       a->etcd_silent = 0;
       a->resumed_at = wall_now();
     }

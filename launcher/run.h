@@ -143,6 +143,12 @@ int run_rdzv_put(struct run_rdzv *r, const char *key, const char *val);
  * a third of the TTL (the main loop must not wait out an etcd outage):
  * 1 found, 0 absent, < 0 error. */
 int run_rdzv_peek(struct run_rdzv *r, const char *key, char *buf, size_t n);
+/* 0 when etcd takes a write (rdzv/probe/<slot> under this node's lease)
+ * within a third of the TTL. A renewed lease is not enough to judge the
+ * workers' heartbeats: a leader can renew leases while its proposals do
+ * not commit (members catching up after a lost quorum, a stalled disk),
+ * and then no heartbeat can be written. */
+int run_rdzv_write_probe(struct run_rdzv *r);
 /* An orderly stop: marks the node as left (rdzv/left/<slot> = why) and
  * revokes the current generation with that reason, before the workers go. */
 void run_rdzv_leave(struct run_rdzv *r, const char *why);

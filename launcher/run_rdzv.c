@@ -507,6 +507,12 @@ int run_rdzv_peek(struct run_rdzv *r, const char *key, char *buf, size_t n) {
   return 1;
 }
 
+int run_rdzv_write_probe(struct run_rdzv *r) {
+  char key[64];
+  snprintf(key, sizeof(key), DCOMM_KEY_PROBE_FMT, (long)r->slot);
+  return run_rdzv_put(r, key, "1");
+}
+
 void run_rdzv_leave(struct run_rdzv *r, const char *why) {
   char key[400];
   key_of(r, key, sizeof(key), DCOMM_KEY_LEFT_FMT, r->slot);

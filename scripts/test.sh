@@ -27,9 +27,11 @@ run_build() { # dir, configure args... (TESTS=... in the environment: only those
    tail -12 configure.out
    make -j"$jobs" >make.out 2>&1 || { cat make.out; exit 1; }
    set +e
+   rm -f tests/times.txt
    make -j1 check ${TESTS:+TESTS="$TESTS"} 2>&1 | tee check.out
    rc=${PIPESTATUS[0]}
    set -e
+   [ -f tests/times.txt ] && { echo "$(basename "$dir"): the slowest tests"; sort -rn tests/times.txt | head -12; }
    echo "$(basename "$dir"): $(grep -c '^PASS:' check.out) passed, $(grep -c '^FAIL:' check.out) failed, $(grep -c '^SKIP:' check.out) skipped"
    exit "$rc")
 }

@@ -62,7 +62,7 @@ in_ns() { # node command...
 base=$((20000 + ($$ % 20000)))
 [ $netns = 1 ] && base=2379
 
-# start_etcd NAME CLIENT_PORT PEER_PORT CLUSTER CLUSTER_TOKEN -> pid in $etcd_pid
+# start_etcd NAME CLIENT_PORT PEER_PORT CLUSTER CLUSTER_TOKEN -> pid in $etcd_pid (ETCD_EXTRA: more options)
 start_etcd() {
   local name=$1 cport=$2 pport=$3 cluster=$4
   # in_ns_exec execs: $! is etcd itself (a backgrounded shell function
@@ -71,7 +71,7 @@ start_etcd() {
     --listen-client-urls "http://$ehost:$cport" --advertise-client-urls "http://$ehost:$cport" \
     --listen-peer-urls "http://$ehost:$pport" --initial-advertise-peer-urls "http://$ehost:$pport" \
     --initial-cluster "$cluster" --initial-cluster-token "$tag-cluster-$5" \
-    --heartbeat-interval 50 --election-timeout 500 >"$work/etcd-$name-$cport.log" 2>&1 &
+    --heartbeat-interval 50 --election-timeout 500 ${ETCD_EXTRA:-} >"$work/etcd-$name-$cport.log" 2>&1 &
   etcd_pid=$!
   pids+=("$etcd_pid")
 }
@@ -435,6 +435,33 @@ if [ $ra = 1 ] && [ $rb = 1 ] && grep -q "left the job: etcd has not answered fo
   ok "etcd away longer than DCOMM_RDZV_OUTAGE_TIMEOUT (4 s): both nodes stop their workers and exit 1 ('$(grep -o 'left the job: .*' "$work/o3b.err" | head -c 120)')"
 else
   notok "outage past the bound (exit $ra $rb)" "$work/o3a.err" "$work/o3b.err"
+fi
+
+n=$((n + 1))
+# etcd out of space (its NOSPACE alarm) for 10 s: it still renews leases
+# but takes no write, so no worker can write its heartbeat. Nobody may be
+# taken for hung; once the space is freed the job goes on.
+qp=$((base + 40))
+ETCD_EXTRA="--quota-backend-bytes 4194304" start_etcd q0 $qp $((qp + 1)) "q0=http://$ehost:$((qp + 1))" quota
+wait_etcd $qp
+ectl() { in_ns 1 env ETCDCTL_API=3 etcdctl --endpoints "http://$ehost:$qp" "$@"; }
+head -c 300000 /dev/urandom | base64 -w0 >"$work/fill"
+space_down() {
+  for i in $(seq 1 40); do ectl put "fill/$i" <"$work/fill" >/dev/null 2>&1 || break; done
+  ectl alarm list | grep -q NOSPACE || echo "# the NOSPACE alarm did not go off"
+}
+space_up() {
+  ectl del --prefix fill/ >/dev/null
+  ectl compact "$(ectl endpoint status -w json | grep -o '"revision":[0-9]*' | head -1 | cut -d: -f2)" >/dev/null
+  ectl defrag >/dev/null && ectl alarm disarm >/dev/null
+}
+outage_case 4 jobN "$ehost:$qp" space_down space_up
+if [ $ra$rb = 00 ] && echo "$f" | grep -q "world=4 generation=1 " && same_loss "$(echo "$f" | sed 's/.*loss=//')" "$ref" &&
+  cat "$work/o4a.err" "$work/o4b.err" | grep -q "renews this node's lease but does not take writes" &&
+  ! cat "$work/o4a.err" "$work/o4b.err" | grep -q "is hung" && ! left_behind; then
+  ok "etcd out of space for 10 s (leases renewed, writes refused): no worker is taken for hung, the job finishes in generation 1 with the right loss"
+else
+  notok "etcd out of space (exit $ra $rb; '$f')" "$work/o4a.err" "$work/o4b.err"
 fi
 
 echo "$pass passed, $fail failed"
