@@ -1,5 +1,7 @@
 /*
- * store_server.c: the embedded TCP store that rank 0 (or the launcher) hosts.
+ * store_server.c: the embedded TCP store that rank 0 (or the launcher) hosts:
+ * its event loop, connections and deadlines; the commands it serves are
+ * store_commands.c, the state both share store_server_conn.h.
  *
  * One thread runs an epoll loop over the listening socket, a stop pipe and
  * every client connection; no connection has a thread of its own, so a job
@@ -45,7 +47,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -59,15 +60,13 @@
 
 #include "auth.h"
 #include "error.h"
-#include "hash.h"
 #include "kvmap.h"
 #include "log.h"
 #include "param.h"
 #include "sock.h"
 #include "store_proto.h"
+#include "store_server_conn.h"
 
-/* Buckets of the waiter table (a power of two). */
-#define WAIT_BUCKETS 1024
 /* Backlog of the listening socket: every rank of a large job connects at
  * once (the kernel caps it at net.core.somaxconn). */
 #define LISTEN_BACKLOG 4096
@@ -78,72 +77,13 @@
 /* Out of descriptors: accepting pauses this long instead of spinning. */
 #define ACCEPT_PAUSE 0.1
 
-/* What a parse step or a handler returns. */
-enum {
-  SV_CLOSE = -1, /* close the connection now */
-  SV_OK = 0,     /* field read, go on */
-  SV_NEED = 1,   /* the frame is not complete yet */
-  SV_BLOCK = 2,  /* the request waits for a key */
-  SV_DONE = 3,   /* the answer is queued (a closing error included) */
-};
-
-struct conn {
-  int fd;
-  int in_hs;   /* the handshake is not done */
-  int closing; /* close once the output is flushed */
-  int eof;     /* the client closed its side: serve what is in, then close */
-  int dead;    /* closed; freed at the end of the loop pass */
-  uint32_t events;
-  unsigned char nonce[DCOMM_HS_NONCE_LEN];
-  unsigned char *in, *out;
-  size_t in_len, in_cap, out_len, out_off, out_cap;
-  /* Deadlines (CLOCK_MONOTONIC seconds): the handshake, the frame whose
-   * first byte is in, the answer being flushed, the blocked request. The
-   * heap holds the one that applies (conn_deadline). */
-  double hs_dl, frame_dl, out_dl, block_dl;
-  size_t hpos; /* in the deadline heap, or SIZE_MAX */
-  int blocked;
-  /* While blocked: the key it waits for (in its frame), its place in the
-   * waiter table; woken: its place in the ready list. */
-  const char *wkey;
-  size_t wklen;
-  struct conn *wnext, **wprev;
-  struct conn *rnext;
-  int ready;
-  struct conn *anext, **aprev; /* every connection */
-};
-
-struct dcomm_store_server {
-  pthread_mutex_t busy; /* held by the loop except in epoll_wait */
-  pthread_cond_t started_cv; /* start returns once the loop runs */
-  int started;
-  struct dcomm_store_server *reg_next; /* running servers (atfork) */
-  int lfd, port, epfd;
-  int stop_pipe[2]; /* written once by stop, never drained */
-  pthread_t loop;
-  struct conn *waiters[WAIT_BUCKETS];
-  struct conn *ready, **ready_tail;
-  struct conn *all, *graveyard;
-  struct conn **heap;
-  size_t nheap, heap_cap;
-  int nconns, max_conns;
-  int listen_paused;
-  double listen_resume;
-  double refusal_at; /* refusals logged at most once a second */
-  long refusals_quiet;
-  struct dcomm_kvmap map;
-  char *job_id, *token;
-  char tag_listen, tag_stop; /* epoll data of the listener and the pipe */
-};
-
-static double frame_timeout(void) {
+double dcomm__sv_frame_timeout(void) {
   double t = dcomm__param_double(DCOMM_P_TIMEOUT);
   return t < 10 ? 10 : t;
 }
 
 /* A refused or dropped connection: a warning, at most one a second. */
-static void note_refusal(struct dcomm_store_server *srv, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void note_refusal(struct dcomm_store_server *srv, const char *fmt, ...) {
+void dcomm__sv_note_refusal(struct dcomm_store_server *srv, const char *fmt, ...) {
   double now = dcomm__now();
   if (now - srv->refusal_at < 1.0) {
     srv->refusals_quiet++;
@@ -231,454 +171,12 @@ static int heap_update(struct dcomm_store_server *srv, struct conn *c) {
   return 0;
 }
 
-/* ---- waiters ---- */
-
-static struct conn **wait_bucket(struct dcomm_store_server *srv, const char *key, size_t klen) {
-  return &srv->waiters[dcomm__hash64(0, key, klen) & (WAIT_BUCKETS - 1)];
-}
-
-static void unwait(struct conn *c) {
-  if (!c->wprev) return;
-  *c->wprev = c->wnext;
-  if (c->wnext) c->wnext->wprev = c->wprev;
-  c->wnext = NULL;
-  c->wprev = NULL;
-}
-
-static void wait_on(struct dcomm_store_server *srv, struct conn *c, const char *key, size_t klen) {
-  unwait(c);
-  struct conn **b = wait_bucket(srv, key, klen);
-  c->wkey = key;
-  c->wklen = klen;
-  c->wprev = b;
-  c->wnext = *b;
-  if (*b) (*b)->wprev = &c->wnext;
-  *b = c;
-}
-
-/* The requests waiting for key go to the ready list, served after the
- * request that wrote it. */
-static void wake_key(struct dcomm_store_server *srv, const char *key, size_t klen) {
-  for (struct conn *w = *wait_bucket(srv, key, klen), *next; w; w = next) {
-    next = w->wnext;
-    if (w->wklen != klen || memcmp(w->wkey, key, klen) != 0) continue;
-    unwait(w);
-    if (w->ready) continue;
-    w->ready = 1;
-    w->rnext = NULL;
-    *srv->ready_tail = w;
-    srv->ready_tail = &w->rnext;
-  }
-}
-
-/* ---- answers ---- */
-
-static int out_put(struct conn *c, const void *a, size_t al, const void *b, size_t bl) {
-  size_t need = c->out_len + al + bl;
-  if (need > c->out_cap) {
-    size_t cap = c->out_cap ? c->out_cap : 256;
-    while (cap < need) cap *= 2;
-    unsigned char *o = realloc(c->out, cap);
-    if (!o) return SV_CLOSE;
-    c->out = o;
-    c->out_cap = cap;
-  }
-  if (c->out_len == c->out_off) c->out_dl = dcomm__now() + (c->closing ? 1.0 : frame_timeout());
-  if (al) memcpy(c->out + c->out_len, a, al);
-  if (bl) memcpy(c->out + c->out_len + al, b, bl);
-  c->out_len = need;
-  return SV_DONE;
-}
-
-static int answer_err(struct conn *c, int status, int closing, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-
-/* An error answer; closing: the request was malformed, the stream cannot
- * be trusted any more and the connection ends after this answer. */
-static int answer_err(struct conn *c, int status, int closing, const char *fmt, ...) {
-  unsigned char buf[4 + 1 + 2 + DCOMM_STORE_MAX_ERRMSG + 1], *p = buf;
-  char msg[DCOMM_STORE_MAX_ERRMSG + 1];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof(msg), fmt, ap);
-  va_end(ap);
-  size_t ml = strlen(msg);
-  p = dcomm__store_put_u32(p, (uint32_t)(int32_t)status);
-  p = dcomm__store_put_u8(p, (uint8_t)(closing != 0));
-  uint16_t ml16 = htons((uint16_t)ml);
-  memcpy(p, &ml16, 2);
-  p += 2;
-  memcpy(p, msg, ml);
-  p += ml;
-  if (closing) {
-    DCOMM_LOG(WARN, STORE, "store server: closing a connection: %s", msg);
-    c->closing = 1;
-  }
-  return out_put(c, buf, (size_t)(p - buf), NULL, 0);
-}
-
-/* Status 0, an optional fixed part and an optional payload. */
-static int answer_ok(struct conn *c, const void *fixed, size_t flen, const void *payload, size_t plen) {
-  unsigned char head[4 + 16];
-  dcomm__store_put_u32(head, 0);
-  if (flen) memcpy(head + 4, fixed, flen);
-  return out_put(c, head, 4 + flen, payload, plen);
-}
-
-/* ---- parsing a frame from the input buffer ---- */
-
-struct rd {
-  struct conn *c;
-  const unsigned char *p;
-  size_t len, off;
-};
-
-static int rd_take(struct rd *r, size_t n, const unsigned char **out) {
-  if (r->len - r->off < n) return SV_NEED;
-  *out = r->p + r->off;
-  r->off += n;
-  return SV_OK;
-}
-
-static int rd_u8(struct rd *r, uint8_t *v) {
-  const unsigned char *p;
-  if (rd_take(r, 1, &p)) return SV_NEED;
-  *v = *p;
-  return SV_OK;
-}
-
-static int rd_u32(struct rd *r, uint32_t *v) {
-  const unsigned char *p;
-  if (rd_take(r, 4, &p)) return SV_NEED;
-  *v = dcomm__store_get_u32(p);
-  return SV_OK;
-}
-
-static int rd_u64(struct rd *r, uint64_t *v) {
-  const unsigned char *p;
-  if (rd_take(r, 8, &p)) return SV_NEED;
-  *v = dcomm__store_get_u64(p);
-  return SV_OK;
-}
-
-#define RD(x)                        \
-  do {                               \
-    int rd_rc_ = (x);                \
-    if (rd_rc_ != SV_OK) return rd_rc_; \
-  } while (0)
-
-/* str key: its length is checked before its bytes are waited for. */
-static int rd_key(struct rd *r, const char **key, size_t *klen) {
-  uint32_t n;
-  RD(rd_u32(r, &n));
-  if (n == 0 || n > DCOMM_STORE_PROTO_MAX_KEY)
-    return answer_err(r->c, DCOMM_EPROTO, 1, "key length %" PRIu32 " out of range 1..%d", n, DCOMM_STORE_PROTO_MAX_KEY);
-  const unsigned char *p;
-  RD(rd_take(r, n, &p));
-  if (memchr(p, 0, n)) return answer_err(r->c, DCOMM_EPROTO, 1, "key contains a NUL byte");
-  *key = (const char *)p;
-  *klen = n;
-  return SV_OK;
-}
-
-/* str value: a length over DCOMM_STORE_MAX_VALUE is refused unread. */
-static int rd_value(struct rd *r, const unsigned char **val, size_t *vlen) {
-  uint32_t n;
-  RD(rd_u32(r, &n));
-  size_t max = dcomm__param_size(DCOMM_P_STORE_MAX_VALUE);
-  if (n > max)
-    return answer_err(r->c, DCOMM_EINVAL, 1, "value of %" PRIu32 " bytes exceeds DCOMM_STORE_MAX_VALUE (%zu)", n, max);
-  RD(rd_take(r, n, val));
-  *vlen = n;
-  return SV_OK;
-}
-
-static unsigned char *dup_bytes(const void *p, size_t n) {
-  unsigned char *d = malloc(n ? n : 1);
-  if (d && n) memcpy(d, p, n);
-  return d;
-}
-
-/* A key of a frame in a message (keys are not NUL-terminated there). */
-#define KEYFMT "'%.*s'"
-#define KEYARG(k, l) (int)((l) < 200 ? (l) : 200), (k)
-
-/* ---- command handlers: each parses its frame and answers or blocks ---- */
-
-static int do_set(struct dcomm_store_server *srv, struct rd *r) {
-  const char *key;
-  const unsigned char *val;
-  size_t klen, vlen;
-  RD(rd_key(r, &key, &klen));
-  RD(rd_value(r, &val, &vlen));
-  unsigned char *v = dup_bytes(val, vlen);
-  if (!v || dcomm__kvmap_put(&srv->map, key, klen, v, vlen) < 0) {
-    free(v);
-    return answer_err(r->c, DCOMM_ENOMEM, 0, "out of memory");
-  }
-  wake_key(srv, key, klen);
-  return answer_ok(r->c, NULL, 0, NULL, 0);
-}
-
-/* When the request first parses completely: its deadline. */
-static void start_block_clock(struct conn *c, uint64_t ms) {
-  if (!c->blocked) c->block_dl = dcomm__now() + (double)ms / 1000.0;
-}
-
-static int do_get(struct dcomm_store_server *srv, struct rd *r) {
-  const char *key;
-  size_t klen;
-  uint64_t ms;
-  RD(rd_key(r, &key, &klen));
-  RD(rd_u64(r, &ms));
-  start_block_clock(r->c, ms);
-  struct dcomm_kv *e = dcomm__kvmap_find(&srv->map, key, klen);
-  if (e) {
-    unsigned char f[4];
-    dcomm__store_put_u32(f, (uint32_t)e->vlen);
-    return answer_ok(r->c, f, 4, e->val, e->vlen);
-  }
-  if (dcomm__now() >= r->c->block_dl)
-    return answer_err(r->c, DCOMM_ETIMEDOUT, 0, "key " KEYFMT " not set within %.3f s", KEYARG(key, klen),
-                      (double)ms / 1000.0);
-  wait_on(srv, r->c, key, klen);
-  return SV_BLOCK;
-}
-
-static int do_add(struct dcomm_store_server *srv, struct rd *r) {
-  const char *key;
-  size_t klen;
-  uint64_t d;
-  RD(rd_key(r, &key, &klen));
-  RD(rd_u64(r, &d));
-  int64_t delta = (int64_t)d, cur = 0, res;
-  struct dcomm_kv *e = dcomm__kvmap_find(&srv->map, key, klen);
-  if (e && dcomm__kv_parse_int64(e->val, e->vlen, &cur) < 0)
-    return answer_err(r->c, DCOMM_EINVAL, 0, "add: the value of " KEYFMT " is not a decimal integer", KEYARG(key, klen));
-  if (__builtin_add_overflow(cur, delta, &res))
-    return answer_err(r->c, DCOMM_EINVAL, 0, "add: " KEYFMT " would overflow int64", KEYARG(key, klen));
-  char txt[32];
-  int n = snprintf(txt, sizeof(txt), "%" PRId64, res);
-  unsigned char *v = dup_bytes(txt, (size_t)n);
-  if (!v || dcomm__kvmap_put(&srv->map, key, klen, v, (size_t)n) < 0) {
-    free(v);
-    return answer_err(r->c, DCOMM_ENOMEM, 0, "out of memory");
-  }
-  wake_key(srv, key, klen);
-  unsigned char f[8];
-  dcomm__store_put_u64(f, (uint64_t)res);
-  return answer_ok(r->c, f, 8, NULL, 0);
-}
-
-static int do_cas(struct dcomm_store_server *srv, struct rd *r) {
-  const char *key;
-  const unsigned char *want, *desired;
-  size_t klen, wlen, dlen;
-  uint8_t has;
-  RD(rd_key(r, &key, &klen));
-  RD(rd_u8(r, &has));
-  if (has > 1) return answer_err(r->c, DCOMM_EPROTO, 1, "compare_set: has_expected is %u", has);
-  RD(rd_value(r, &want, &wlen));
-  if (!has && wlen) return answer_err(r->c, DCOMM_EPROTO, 1, "compare_set: expected bytes with has_expected 0");
-  RD(rd_value(r, &desired, &dlen));
-  struct dcomm_kv *e = dcomm__kvmap_find(&srv->map, key, klen);
-  int match = has ? (e && e->vlen == wlen && memcmp(e->val, want, wlen) == 0) : !e;
-  const unsigned char *cur = NULL;
-  size_t clen = 0;
-  if (match) {
-    unsigned char *v = dup_bytes(desired, dlen);
-    if (!v || dcomm__kvmap_put(&srv->map, key, klen, v, dlen) < 0) {
-      free(v);
-      return answer_err(r->c, DCOMM_ENOMEM, 0, "out of memory");
-    }
-    wake_key(srv, key, klen);
-    cur = desired;
-    clen = dlen;
-  } else if (e) {
-    cur = e->val;
-    clen = e->vlen;
-  }
-  unsigned char f[5];
-  dcomm__store_put_u32(dcomm__store_put_u8(f, (uint8_t)(match || e)), (uint32_t)clen);
-  return answer_ok(r->c, f, 5, cur, clen);
-}
-
-static int do_wait(struct dcomm_store_server *srv, struct rd *r) {
-  uint64_t ms;
-  uint32_t n;
-  RD(rd_u64(r, &ms));
-  RD(rd_u32(r, &n));
-  if (n > DCOMM_STORE_MAX_WAIT_KEYS)
-    return answer_err(r->c, DCOMM_EPROTO, 1, "wait: %" PRIu32 " keys (at most %d)", n, DCOMM_STORE_MAX_WAIT_KEYS);
-  /* The whole frame first: its first missing key is then looked up. */
-  size_t start = r->off;
-  for (uint32_t i = 0; i < n; i++) {
-    const char *k;
-    size_t kl;
-    RD(rd_key(r, &k, &kl));
-  }
-  start_block_clock(r->c, ms);
-  /* Every key again on each wake-up: another client may delete one. */
-  struct rd again = {r->c, r->p, r->len, start};
-  for (uint32_t i = 0; i < n; i++) {
-    const char *k;
-    size_t kl;
-    RD(rd_key(&again, &k, &kl));
-    if (dcomm__kvmap_find(&srv->map, k, kl)) continue;
-    if (dcomm__now() >= r->c->block_dl)
-      return answer_err(r->c, DCOMM_ETIMEDOUT, 0, "wait: key " KEYFMT " not set within %.3f s", KEYARG(k, kl),
-                        (double)ms / 1000.0);
-    wait_on(srv, r->c, k, kl);
-    return SV_BLOCK;
-  }
-  return answer_ok(r->c, NULL, 0, NULL, 0);
-}
-
-static const void *map_find(void *ctx, const char *key, size_t *len) {
-  struct dcomm_kv *e = dcomm__kvmap_find(ctx, key, strlen(key));
-  if (e) *len = e->vlen;
-  return e ? e->val : NULL;
-}
-
-/* A txn's compares and puts, keys copied to C strings for the compares. */
-struct txn_req {
-  int ncmp, nput;
-  unsigned char kind[DCOMM_STORE_TXN_MAX];
-  const char *key[2 * DCOMM_STORE_TXN_MAX];
-  size_t klen[2 * DCOMM_STORE_TXN_MAX];
-  const unsigned char *val[2 * DCOMM_STORE_TXN_MAX];
-  size_t vlen[2 * DCOMM_STORE_TXN_MAX];
-};
-
-static int rd_txn(struct rd *r, struct txn_req *t) {
-  uint8_t n;
-  RD(rd_u8(r, &n));
-  if (n > DCOMM_STORE_TXN_MAX)
-    return answer_err(r->c, DCOMM_EPROTO, 1, "txn: %u compares (at most %d)", n, DCOMM_STORE_TXN_MAX);
-  t->ncmp = n;
-  for (int i = 0; i < t->ncmp; i++) {
-    RD(rd_u8(r, &t->kind[i]));
-    if (t->kind[i] > DCOMM_STORE_EQUAL) return answer_err(r->c, DCOMM_EPROTO, 1, "txn: compare kind %u", t->kind[i]);
-    RD(rd_key(r, &t->key[i], &t->klen[i]));
-    RD(rd_value(r, &t->val[i], &t->vlen[i]));
-    if (t->kind[i] != DCOMM_STORE_EQUAL && t->vlen[i])
-      return answer_err(r->c, DCOMM_EPROTO, 1, "txn: compare %d of kind %u carries a value", i, t->kind[i]);
-  }
-  RD(rd_u8(r, &n));
-  if (n < 1 || n > DCOMM_STORE_TXN_MAX)
-    return answer_err(r->c, DCOMM_EPROTO, 1, "txn: %u puts (1..%d)", n, DCOMM_STORE_TXN_MAX);
-  t->nput = n;
-  for (int i = DCOMM_STORE_TXN_MAX; i < DCOMM_STORE_TXN_MAX + t->nput; i++) {
-    RD(rd_key(r, &t->key[i], &t->klen[i]));
-    RD(rd_value(r, &t->val[i], &t->vlen[i]));
-  }
-  return SV_OK;
-}
-
-static int do_txn(struct dcomm_store_server *srv, struct rd *r) {
-  struct txn_req t;
-  memset(&t, 0, sizeof(t));
-  RD(rd_txn(r, &t));
-  struct dcomm_store_cmp cmps[DCOMM_STORE_TXN_MAX];
-  char *ckey[DCOMM_STORE_TXN_MAX] = {0};
-  unsigned char *copy[DCOMM_STORE_TXN_MAX] = {0};
-  int nomem = 0;
-  for (int i = 0; i < t.ncmp && !nomem; i++) {
-    nomem = !(ckey[i] = malloc(t.klen[i] + 1));
-    if (nomem) break;
-    memcpy(ckey[i], t.key[i], t.klen[i]);
-    ckey[i][t.klen[i]] = 0;
-    cmps[i] = (struct dcomm_store_cmp){ckey[i], t.kind[i], t.val[i], t.vlen[i]};
-  }
-  unsigned char done = 0;
-  if (!nomem && dcomm__store_cmps_hold(cmps, t.ncmp, map_find, &srv->map)) {
-    /* Copies first, so that either every put happens or none. */
-    for (int i = 0; i < t.nput && !nomem; i++)
-      nomem = !(copy[i] = dup_bytes(t.val[DCOMM_STORE_TXN_MAX + i], t.vlen[DCOMM_STORE_TXN_MAX + i]));
-    for (int i = 0; i < t.nput && !nomem; i++) {
-      int k = DCOMM_STORE_TXN_MAX + i;
-      if (dcomm__kvmap_put(&srv->map, t.key[k], t.klen[k], copy[i], t.vlen[k]) < 0) nomem = 1;
-      else copy[i] = NULL;
-      wake_key(srv, t.key[k], t.klen[k]);
-    }
-    done = !nomem;
-  }
-  for (int i = 0; i < DCOMM_STORE_TXN_MAX; i++) {
-    free(ckey[i]);
-    free(copy[i]);
-  }
-  if (nomem) return answer_err(r->c, DCOMM_ENOMEM, 0, "out of memory");
-  return answer_ok(r->c, &done, 1, NULL, 0);
-}
-
-static int do_del(struct dcomm_store_server *srv, struct rd *r) {
-  const char *key;
-  size_t klen;
-  RD(rd_key(r, &key, &klen));
-  unsigned char existed = (unsigned char)dcomm__kvmap_del(&srv->map, key, klen);
-  return answer_ok(r->c, &existed, 1, NULL, 0);
-}
-
-/* Drops the first n bytes of the input (a served frame or handshake);
- * what follows already started its frame's clock. */
-static void in_consume(struct conn *c, size_t n) {
-  c->in_len -= n;
-  if (c->in_len) memmove(c->in, c->in + n, c->in_len);
-  c->frame_dl = dcomm__now() + frame_timeout();
-}
-
-/* The request at the head of the input buffer: SV_NEED, SV_BLOCK, SV_DONE
- * (its frame consumed unless the connection is closing) or SV_CLOSE. */
-static int serve_frame(struct dcomm_store_server *srv, struct conn *c) {
-  struct rd r = {c, c->in, c->in_len, 0};
-  uint8_t cmd;
-  RD(rd_u8(&r, &cmd));
-  int rc;
-  switch (cmd) {
-    case DCOMM_STORE_CMD_SET: rc = do_set(srv, &r); break;
-    case DCOMM_STORE_CMD_GET: rc = do_get(srv, &r); break;
-    case DCOMM_STORE_CMD_ADD: rc = do_add(srv, &r); break;
-    case DCOMM_STORE_CMD_CAS: rc = do_cas(srv, &r); break;
-    case DCOMM_STORE_CMD_WAIT: rc = do_wait(srv, &r); break;
-    case DCOMM_STORE_CMD_DEL: rc = do_del(srv, &r); break;
-    case DCOMM_STORE_CMD_TXN: rc = do_txn(srv, &r); break;
-    default: rc = answer_err(c, DCOMM_EPROTO, 1, "unknown command %u", cmd); break;
-  }
-  c->blocked = rc == SV_BLOCK;
-  if (rc != SV_BLOCK) unwait(c);
-  if (rc == SV_DONE && !c->closing) in_consume(c, r.off);
-  return rc;
-}
-
-/* The handshake answer at the head of the input buffer. */
-static int serve_hs(struct dcomm_store_server *srv, struct conn *c) {
-  struct dcomm_hs_peer peer;
-  size_t need = 0;
-  const char *refusal = NULL;
-  unsigned char v[DCOMM_HS_MAX_MSG];
-  int rc = dcomm__hs_answer(c->in, c->in_len, c->nonce, srv->job_id, srv->token, &peer, &need, &refusal);
-  if (rc == 0) return SV_NEED;
-  if (rc < 0) {
-    note_refusal(srv, "refused a connection: %s", dcomm_last_error());
-    if (!refusal) return SV_CLOSE;
-    c->closing = 1;
-    return out_put(c, v, dcomm__hs_verdict(DCOMM_EAUTH, refusal, v), NULL, 0);
-  }
-  if (peer.purpose != DCOMM_HS_STORE) {
-    note_refusal(srv, "refused a connection with purpose %u (not a store client)", peer.purpose);
-    c->closing = 1;
-    return out_put(c, v, dcomm__hs_verdict(DCOMM_EPROTO, "not a store client", v), NULL, 0);
-  }
-  c->in_hs = 0;
-  in_consume(c, need);
-  return out_put(c, v, dcomm__hs_verdict(0, "", v), NULL, 0);
-}
-
 /* ---- connections ---- */
 
 static void conn_close(struct dcomm_store_server *srv, struct conn *c) {
   if (c->dead) return;
   c->dead = 1;
-  unwait(c);
+  dcomm__sv_unwait(c);
   heap_remove(srv, c);
   epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
   close(c->fd);
@@ -716,7 +214,7 @@ static void conn_run(struct dcomm_store_server *srv, struct conn *c) {
   if (c->dead) return;
   int rc = conn_flush(c);
   while (rc == SV_OK && !c->closing && c->out_off == c->out_len && c->in_len > 0) {
-    rc = c->in_hs ? serve_hs(srv, c) : serve_frame(srv, c);
+    rc = c->in_hs ? dcomm__sv_serve_hs(srv, c) : dcomm__sv_serve_frame(srv, c);
     if (rc == SV_DONE) rc = conn_flush(c);
   }
   if (rc == SV_CLOSE) {
@@ -724,7 +222,7 @@ static void conn_run(struct dcomm_store_server *srv, struct conn *c) {
     return;
   }
   if (c->eof) { /* what the client sent before its end is served */
-    if (c->in_hs) note_refusal(srv, "refused a connection: the client closed it during the handshake");
+    if (c->in_hs) dcomm__sv_note_refusal(srv, "refused a connection: the client closed it during the handshake");
     else if (c->in_len > 0 && !c->blocked && !c->closing)
       DCOMM_LOG(WARN, STORE, "store server: closing a connection: truncated frame (%zu bytes)", c->in_len);
     conn_close(srv, c);
@@ -762,7 +260,7 @@ static int conn_read(struct conn *c) {
     }
     ssize_t n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, MSG_DONTWAIT);
     if (n > 0) {
-      if (c->in_len == 0) c->frame_dl = dcomm__now() + frame_timeout();
+      if (c->in_len == 0) c->frame_dl = dcomm__now() + dcomm__sv_frame_timeout();
       c->in_len += (size_t)n;
       got += (size_t)n;
       continue;
@@ -796,7 +294,7 @@ static void conn_event(struct dcomm_store_server *srv, struct conn *c, uint32_t 
 
 static void on_deadline(struct dcomm_store_server *srv, struct conn *c) {
   if (c->in_hs) {
-    note_refusal(srv, "refused a connection: handshake not completed within %.0f s", DCOMM_STORE_HS_TIMEOUT);
+    dcomm__sv_note_refusal(srv, "refused a connection: handshake not completed within %.0f s", DCOMM_STORE_HS_TIMEOUT);
     conn_close(srv, c);
   } else if (c->out_off < c->out_len) {
     if (!c->closing) DCOMM_LOG(WARN, STORE, "store server: closing a connection whose client does not take its answer");
@@ -804,7 +302,7 @@ static void on_deadline(struct dcomm_store_server *srv, struct conn *c) {
   } else if (c->blocked) {
     conn_run(srv, c); /* the request answers that it timed out */
   } else if (c->in_len > 0) {
-    answer_err(c, DCOMM_EPROTO, 1, "frame not completed in time");
+    dcomm__sv_answer_err(c, DCOMM_EPROTO, 1, "frame not completed in time");
     conn_run(srv, c);
   } else {
     heap_remove(srv, c);
@@ -816,7 +314,7 @@ static void accept_some(struct dcomm_store_server *srv) {
     int fd = accept4(srv->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        note_refusal(srv, "accept: %s (accepting again in %.1f s)", strerror(errno), ACCEPT_PAUSE);
+        dcomm__sv_note_refusal(srv, "accept: %s (accepting again in %.1f s)", strerror(errno), ACCEPT_PAUSE);
         epoll_ctl(srv->epfd, EPOLL_CTL_DEL, srv->lfd, NULL);
         srv->listen_paused = 1;
         srv->listen_resume = dcomm__now() + ACCEPT_PAUSE;
@@ -824,7 +322,7 @@ static void accept_some(struct dcomm_store_server *srv) {
       return;
     }
     if (srv->nconns >= srv->max_conns) {
-      note_refusal(srv, "dropping a connection: %d clients already (DCOMM_STORE_MAX_CLIENTS)", srv->nconns);
+      dcomm__sv_note_refusal(srv, "dropping a connection: %d clients already (DCOMM_STORE_MAX_CLIENTS)", srv->nconns);
       close(fd);
       continue;
     }
@@ -834,7 +332,7 @@ static void accept_some(struct dcomm_store_server *srv) {
     size_t chl = c ? dcomm__hs_challenge(c->nonce, ch) : 0;
     struct epoll_event e = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
     if (!chl || epoll_ctl(srv->epfd, EPOLL_CTL_ADD, fd, &e) < 0) {
-      note_refusal(srv, "dropping a connection: %s", c ? "no random bytes or epoll_ctl failed" : "out of memory");
+      dcomm__sv_note_refusal(srv, "dropping a connection: %s", c ? "no random bytes or epoll_ctl failed" : "out of memory");
       close(fd);
       free(c);
       continue;
@@ -849,7 +347,7 @@ static void accept_some(struct dcomm_store_server *srv) {
     if (srv->all) srv->all->aprev = &c->anext;
     srv->all = c;
     srv->nconns++;
-    if (out_put(c, ch, chl, NULL, 0) == SV_CLOSE) {
+    if (dcomm__sv_out_put(c, ch, chl, NULL, 0) == SV_CLOSE) {
       conn_close(srv, c);
       continue;
     }
