@@ -1,0 +1,129 @@
+/*
+ * run_heartbeat.c: whether a dcomm-run agent's workers are alive. Each
+ * worker's watcher thread writes its heartbeat (elastic/hb/<member-id>,
+ * CLOCK_MONOTONIC) to the job's store; a worker whose heartbeat is older
+ * than DCOMM_HEARTBEAT_TIMEOUT is hung (SIGSTOPped, blocked, its watcher
+ * stuck) and is killed, unless the run queue shows it starved for a
+ * processor (then up to ten timeouts), or the store itself is what is
+ * silent (etcd not renewing the lease or not taking writes): heartbeats
+ * then count from its return.
+ */
+#include "config.h"
+#include "run_agent.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "clock.h"
+#include "error.h"
+#include "keys.h"
+#include "param.h"
+
+#define STARTUP_GRACE_S 10.0 /* a worker without any heartbeat yet */
+
+/* A late heartbeat from a worker that spent at least this share of the time
+ * waiting for a processor is the host's overload, not a hang ... */
+#define STARVED_SHARE 0.25
+/* ... until it is this many heartbeat timeouts old. */
+#define STARVED_MAX_TIMEOUTS 10
+
+/* 1 when worker w, whose last heartbeat is age s old, is hung. A worker
+ * frozen by SIGSTOP, blocked, or whose watcher thread is stuck does not wait
+ * in the run queue; one that 100 processes on 2 cores starve does. The
+ * run-queue wait is sampled from half a second before the timeout on. */
+static int late_worker_hung(struct agent *a, struct run_worker *w, double age, double now) {
+  if (age <= a->hb_timeout - 0.5) {
+    w->late_t = 0;
+    w->starved = w->starved_logged = 0;
+    return 0;
+  }
+  unsigned long long wait = 0, own = 0;
+  int stopped = 0, own_stopped;
+  int known = run_proc_sched(w->pid, &wait, &stopped) == 0;
+  if (run_proc_sched(getpid(), &own, &own_stopped) < 0) own = 0;
+  if (w->late_t == 0) {
+    w->late_t = now;
+    w->late_wait = wait;
+    w->late_own_wait = own;
+    w->starved = -1; /* judged half a second from now */
+  } else if (known && now - w->late_t >= 0.5) {
+    double span = now - w->late_t;
+    double waited = wait > w->late_wait ? (double)(wait - w->late_wait) / 1e9 : 0.0;
+    /* The heartbeat goes through this agent's store server: its own wait
+     * for a processor delays it as much. */
+    double own_waited = own > w->late_own_wait ? (double)(own - w->late_own_wait) / 1e9 : 0.0;
+    if (own_waited > waited) waited = own_waited;
+    w->starved = waited >= STARVED_SHARE * span;
+    if (w->starved && !w->starved_logged && age > a->hb_timeout) {
+      run_log("worker %d (pid %d): its last heartbeat is %.1f s old, but it (or this agent, which carries its "
+              "heartbeats) waited for a processor %.0f%% of the last %.1f s: the host is overloaded, the worker is "
+              "not hung; it is killed if still silent at %.0f s",
+              w->rank, (int)w->pid, age, 100.0 * waited / span, span, STARVED_MAX_TIMEOUTS * a->hb_timeout);
+      w->starved_logged = 1;
+    }
+    w->late_t = now;
+    w->late_wait = wait;
+    w->late_own_wait = own;
+  }
+  if (age <= a->hb_timeout) return 0;
+  if (!known || stopped || w->starved == 0) return 1;
+  return w->starved > 0 && age > STARVED_MAX_TIMEOUTS * a->hb_timeout;
+}
+
+/* 1 when etcd does not take writes: then no worker can write its
+ * heartbeat, and their ages count from etcd's return (tick). */
+static int etcd_unwritable(struct agent *a) {
+  if (!a->rdzv || run_rdzv_write_probe(a->rdzv) == 0) return 0;
+  if (!a->etcd_silent)
+    run_log("etcd renews this node's lease but does not take writes (%s): the workers' heartbeats count from its "
+            "return", dcomm_last_error());
+  a->etcd_silent = 1;
+  return 1;
+}
+
+void agent_heartbeat_check(struct agent *a) {
+  double now = dcomm__now(), wall = agent_clock();
+  if (a->rdzv && (a->etcd_silent || !run_rdzv_healthy(a->rdzv))) return; /* etcd, not the workers, is silent */
+  for (size_t i = 0; i < a->nw && a->phase == PH_RUN; i++) {
+    struct run_worker *w = a->w[i];
+    if (!w->running || w->hung || w->agent_stop) continue;
+    char key[96], val[64];
+    snprintf(key, sizeof(key), DCOMM_KEY_HB_FMT, w->member);
+    int found = agent_store_peek(a, key, val, sizeof(val));
+    if (found < 0) return;
+    if (found) {
+      char *end;
+      double t = strtod(val, &end);
+      if (end == val) continue;
+      a->hb_seen = 1;
+      /* While this agent was frozen, it could not take the heartbeats (it
+       * hosts the store): they count from its return. */
+      double age = wall - (t > a->resumed_at ? t : a->resumed_at);
+      if (late_worker_hung(a, w, age, now)) {
+        if (etcd_unwritable(a)) return;
+        run_log("worker %d (pid %d) is hung: its last heartbeat is %.1f s old (DCOMM_HEARTBEAT_TIMEOUT %g s)%s; "
+                "killing it",
+                w->rank, (int)w->pid, age, a->hb_timeout, w->starved > 0 ? " although it waits for a processor" : "");
+        w->hung = 1;
+        kill(w->pid, SIGKILL);
+      }
+    } else if (a->hb_seen && now - w->spawn_t > STARTUP_GRACE_S) {
+      if (etcd_unwritable(a)) return;
+      run_log("worker %d (pid %d) is hung: no heartbeat %.0f s after its start while the other workers send "
+              "theirs; killing it",
+              w->rank, (int)w->pid, STARTUP_GRACE_S);
+      w->hung = 1;
+      kill(w->pid, SIGKILL);
+    }
+  }
+}
+
+double agent_heartbeat_timeout(void) {
+  double v = dcomm__param_double(DCOMM_P_HEARTBEAT_TIMEOUT);
+  if (!(v > 0)) {
+    run_log("warning: DCOMM_HEARTBEAT_TIMEOUT must be more than 0 seconds; using 3");
+    v = 3.0;
+  }
+  return v;
+}
