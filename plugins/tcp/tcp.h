@@ -203,6 +203,22 @@ struct tcp_xop {
 /* Runs sends/receives concurrently until all complete. The collective's
  * signature (coll, dtype, op, root, seq, count) comes from a. */
 int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_coll_args *a);
+/* The comm's first error again (0 while it works). */
+int tcp_broken(struct tcp_comm *c);
+/* Room for need entries in the comm's poll set (c->pf, c->pf_who). */
+int tcp_pf_reserve(struct tcp_comm *c, int need);
+/* Whether this host runs more ranks of the job than this process has
+ * processors (a spinning rank may hold the processor its peer needs). */
+int tcp_oversubscribed(struct tcp_ctx *ctx);
+/* A waiting rank that finds nothing pauses this long before it yields. */
+#define TCP_PAUSE_SPIN 5e-6
+static inline void tcp_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
 
 /* tcp_frame.c: frames under the engine. */
 /* Breaks the comm with err and msg (first error wins), tells the peers. */
@@ -245,8 +261,9 @@ int tcp_mismatch(struct tcp_comm *c, int peer, const struct dcomm_coll_args *a);
 /* Checks peer's header against the receive op of collective a. */
 int tcp_check_hdr(struct tcp_comm *c, int peer, const struct tcp_xop *op, const struct dcomm_coll_args *a);
 
+/* tcp_p2p.c: point-to-point send, receive and probe. */
 int tcp_p2p_send(struct tcp_comm *c, const struct dcomm_coll_args *a);
-/* Whether a send of len bytes to peer completes without the peer's help
+/* (tcp_engine.c) Whether a send of len bytes to peer completes without the peer's help
  * (a shared-memory link with that much room). */
 int tcp_sends_now(struct tcp_comm *c, int peer, size_t len, int fwd);
 int tcp_p2p_recv(struct tcp_comm *c, const struct dcomm_coll_args *a);
@@ -256,7 +273,7 @@ int tcp_uq_take(struct tcp_comm *c, int peer, const struct dcomm_coll_args *a, v
 /* The probe op: see dcomm_plugin.h (called with the comm idle). */
 int tcp_p2p_probe(struct tcp_comm *c, int peer, int tag, double deadline, int *src, size_t *nbytes);
 void tcp_peer_free_queue(struct tcp_peer *p);
-/* Clean goodbye on every link (BYE + shutdown + drain); then close. */
+/* tcp_conn.c: clean goodbye on every link (BYE + shutdown + drain); then close. */
 void tcp_close_links(struct tcp_comm *c);
 
 /* tcp_shm.c */

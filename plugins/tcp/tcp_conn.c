@@ -7,7 +7,8 @@
  * A link for a communicator this process has not created yet is parked
  * until it is. When both ends of a link are on one host, the connecting side offers a shared-memory segment in
  * its hello, and the accepting side maps it and answers yes or no
- * (tcp_shm.c).
+ * (tcp_shm.c). At the end, tcp_close_links says goodbye on every link (a
+ * BYE frame after the data) and closes it without a reset.
  */
 #include "config.h"
 #include "tcp.h"
@@ -365,4 +366,34 @@ int tcp_connect_mesh(struct tcp_ctx *ctx, struct tcp_comm *c, double deadline) {
   TCP_LOG(ctx, INFO, "tcp %s: %d of %d links in shared memory (DCOMM_TRANSPORT=%s; this rank's rings: %zu bytes)",
           c->label, nshm, c->size - 1, transport_names[ctx->transport], ring);
   return 0;
+}
+
+void tcp_close_links(struct tcp_comm *c) {
+  int clean = atomic_load(&c->error) == 0;
+  for (int i = 0; i < c->size; i++) {
+    struct tcp_peer *p = &c->peers[i];
+    if (p->fd < 0) continue;
+    if (clean && !p->closed && !p->mid_send) {
+      struct tcp_hdr h = {.magic = TCP_MAGIC, .type = TCP_F_BYE};
+      /* In order after the data, in the ring when there is one; a full ring
+       * (data the peer has not read yet) sends it on the link's socket,
+       * which the peer reads to its end once the ring is empty. */
+      if (p->shm) {
+        if (tcp_shm_put_frame(p->shm, &h, NULL, 0) < 0 && send(p->fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+          /* best effort */
+        }
+      } else if (send(p->fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) { /* best effort */ }
+    }
+    shutdown(p->fd, SHUT_WR);
+    /* Empty the receive queue so close() sends FIN, not a reset that could
+     * destroy what the peer has yet to read. */
+    char sink[4096];
+    while (recv(p->fd, sink, sizeof(sink), MSG_DONTWAIT) > 0) {
+    }
+    close(p->fd);
+    p->fd = -1;
+    tcp_shm_free(p->shm);
+    p->shm = NULL;
+    tcp_peer_free_queue(p);
+  }
 }

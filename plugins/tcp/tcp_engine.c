@@ -13,9 +13,7 @@
  * end of file. Waiting on such links spins for DCOMM_SHM_SPIN microseconds,
  * then raises the rings' waiting flags and sleeps in the same poll().
  *
- * tcp_p2p_probe (the probe op) reads every link the same way, without an
- * op of its own: unexpected point-to-point messages go into their peer's
- * queue until one with the probed tag is complete.
+ * Point-to-point send, receive and probe on top of it: tcp_p2p.c.
  */
 #include "config.h"
 #include "tcp.h"
@@ -330,7 +328,7 @@ static void fill_hdr(struct tcp_hdr *h, const struct dcomm_coll_args *a, size_t 
   h->len = len;
 }
 
-static int broken(struct tcp_comm *c) {
+int tcp_broken(struct tcp_comm *c) {
   int err = atomic_load(&c->error);
   if (!err) return 0;
   return tcp_fail(c, err, "unused");
@@ -378,7 +376,7 @@ static int ep_begin(struct tcp_comm *c) {
 /* Makes room for need entries in the comm's poll set: one for the abort
  * descriptor, one per op and one per watched link, as many as the
  * communicator has (no cap below the process's descriptor limit). */
-static int pf_reserve(struct tcp_comm *c, int need) {
+int tcp_pf_reserve(struct tcp_comm *c, int need) {
   if (need <= c->pf_cap) return 0;
   struct pollfd *pf = realloc(c->pf, sizeof(*pf) * (size_t)need);
   if (pf) c->pf = pf;
@@ -401,17 +399,9 @@ static int step_op(struct tcp_comm *c, struct tcp_xop *op, const struct dcomm_co
   return op->done != before || op->hdr_ok != hdr;
 }
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
 /* Whether this host runs more ranks of the job than this process has
  * processors: then the rank a spinning rank waits for may need its CPU. */
-static int oversubscribed(struct tcp_ctx *ctx) {
+int tcp_oversubscribed(struct tcp_ctx *ctx) {
   if (!ctx->local_ranks) {
     for (int r = 0; r < ctx->host->world_size; r++) ctx->local_ranks += !strcmp(ctx->addrs[r].host, ctx->host_id);
     if (!ctx->local_ranks) ctx->local_ranks = 1;
@@ -422,12 +412,11 @@ static int oversubscribed(struct tcp_ctx *ctx) {
 /* Polls the rings of the pending shared-memory ops (no system call)
  * until they stall for DCOMM_SHM_SPIN (1: time to sleep) or for at most
  * 2 ms while they still move (0: look at the sockets, do not sleep). A
- * rank that finds nothing pauses for PAUSE_SPIN, since a sched_yield costs
+ * rank that finds nothing pauses for TCP_PAUSE_SPIN, since a sched_yield costs
  * more than a small message's latency, then yields, so that the rank it
  * waits for runs if the scheduler put both on one processor. With more
  * ranks on the host than processors it yields at once (spinning with
  * pause alone was slower at 4 ranks on 2 cores). */
-#define PAUSE_SPIN 5e-6
 /* A single-copy send waits while its reader copies: the stall allowed
  * before sleeping grows by the copy's time at this (low) rate, as waking
  * a sleeping process costs tens of microseconds in a virtual machine. */
@@ -435,7 +424,7 @@ static int oversubscribed(struct tcp_ctx *ctx) {
 static int spin_rings(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_coll_args *a, int *left) {
   const struct dcomm_host *h = c->ctx->host;
   double t0 = h->now(), last = t0;
-  double pause_s = oversubscribed(c->ctx) ? 0 : PAUSE_SPIN, stall = c->t.shm_spin;
+  double pause_s = tcp_oversubscribed(c->ctx) ? 0 : TCP_PAUSE_SPIN, stall = c->t.shm_spin;
   for (int i = 0; i < n && c->t.shm_spin > 0; i++) /* DCOMM_SHM_SPIN=0: sleep at once */
     if (!ops[i].complete && ops[i].is_send && ops[i].cma) {
       double copying = c->t.shm_spin + (double)ops[i].len / CMA_SPIN_RATE;
@@ -457,7 +446,7 @@ static int spin_rings(struct tcp_comm *c, struct tcp_xop *ops, int n, const stru
     if (t - t0 > 0.002) return 0;
     if (moved) continue;
     if (t - last >= pause_s) sched_yield();
-    else cpu_relax();
+    else tcp_cpu_relax();
   }
 }
 
@@ -500,7 +489,7 @@ static int watch_ready(struct tcp_comm *c, const struct dcomm_coll_args *a) {
 
 int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_coll_args *a) {
   const struct dcomm_host *h = c->ctx->host;
-  TCP_CHECK(broken(c));
+  TCP_CHECK(tcp_broken(c));
   int stages = 0;
   for (int i = 0; i < n; i++) {
     struct tcp_xop *op = &ops[i];
@@ -521,7 +510,7 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
     TCP_CHECK(ops[i].is_send ? progress_send(c, &ops[i], a) : progress_recv(c, &ops[i], a));
     if (ops[i].complete) left--;
   }
-  TCP_CHECK(pf_reserve(c, 2 + n));
+  TCP_CHECK(tcp_pf_reserve(c, 2 + n));
   struct pollfd *pf = c->pf;
   int *who = c->pf_who; /* >= 0: op index; -1: the watched set */
   double active = h->now(); /* when a socket last had something */
@@ -546,7 +535,7 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
        * a sleeping process on another processor takes tens of
        * microseconds to wake up, far more than a small message. */
       may_sleep = 0;
-      if (polled_empty && oversubscribed(c->ctx)) sched_yield();
+      if (polled_empty && tcp_oversubscribed(c->ctx)) sched_yield();
     }
     int np = 0;
     pf[np] = (struct pollfd){.fd = c->abort_fd, .events = POLLIN};
@@ -596,200 +585,4 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
 int tcp_sends_now(struct tcp_comm *c, int peer, size_t len, int fwd) {
   struct tcp_peer *p = &c->peers[peer];
   return p->shm && !p->closed && !use_cma(c, p, TCP_F_DATA, len, fwd) && tcp_shm_fits(p->shm, len);
-}
-
-int tcp_p2p_send(struct tcp_comm *c, const struct dcomm_coll_args *a) {
-  struct tcp_xop op = {.peer = a->root, .is_send = 1, .sbuf = a->recvbuf,
-                       .len = a->count * dcomm_dtype_size(a->dtype)};
-  return tcp_xfer(c, &op, 1, a);
-}
-
-int tcp_uq_take(struct tcp_comm *c, int peer, const struct dcomm_coll_args *a, void *buf) {
-  struct tcp_peer *p = &c->peers[peer];
-  size_t len = a->count * dcomm_dtype_size(a->dtype);
-  for (struct tcp_uq **pp = &p->uq_head, *prev = NULL; *pp; prev = *pp, pp = &(*pp)->next) {
-    struct tcp_uq *q = *pp;
-    if (q->hdr.root != a->tag) continue;
-    if (q->hdr.len != len || q->hdr.count != a->count || q->hdr.dtype != (uint8_t)a->dtype) {
-      char theirs[160], mine[160];
-      tcp_describe_args(theirs, sizeof(theirs), c->ctx->host, DCOMM_COLL_SEND, 0, q->hdr.count, q->hdr.dtype, 0, q->hdr.root);
-      tcp_describe_args(mine, sizeof(mine), c->ctx->host, DCOMM_COLL_RECV, 0, a->count, (int)a->dtype, 0, a->tag);
-      return tcp_fail(c, DCOMM_EMISMATCH, "tcp %s: mismatched calls: rank %d called %s but rank %d called %s", c->label,
-                      peer, theirs, c->rank, mine);
-    }
-    if (len) memcpy(buf, q->data, len);
-    *pp = q->next;
-    if (p->uq_tail == q) p->uq_tail = prev;
-    free(q->data);
-    free(q);
-    return 1;
-  }
-  return 0;
-}
-
-int tcp_p2p_recv(struct tcp_comm *c, const struct dcomm_coll_args *a) {
-  TCP_CHECK(broken(c));
-  int rc = tcp_uq_take(c, a->root, a, a->recvbuf);
-  if (rc) return rc < 0 ? rc : 0;
-  struct tcp_xop op = {.peer = a->root, .rbuf = a->recvbuf, .len = a->count * dcomm_dtype_size(a->dtype)};
-  return tcp_xfer(c, &op, 1, a);
-}
-
-/* ---- probe: waits for an unexpected message to be complete ---- */
-
-/* Whether peer's link is worth reading for probe: not finalized, and not
- * held up by collective data this rank has yet to take (have_hdr). */
-static int probe_readable(const struct tcp_peer *p) {
-  return p->fd >= 0 && !p->departed && !(p->have_hdr && p->hdr.type == TCP_F_DATA);
-}
-
-/* Takes in what peer's link holds, without waiting: unexpected messages
- * into the queue, control frames as the engine does. A collective's data
- * stays where it is (the next collective reads it). */
-static int probe_pull(struct tcp_comm *c, int peer, double deadline) {
-  struct tcp_peer *p = &c->peers[peer];
-  if (!probe_readable(p)) return 0;
-  if (p->shm) TCP_CHECK(tcp_shm_drain(c, peer));
-  for (;;) {
-    if (!p->have_hdr) {
-      int rc = tcp_read_hdr(c, peer);
-      if (rc <= 0) return rc;
-    }
-    int rc = tcp_take_control(c, peer, deadline);
-    if (rc <= 0 || p->departed) return rc < 0 ? rc : 0;
-  }
-}
-
-/* The oldest queued message with tag from peer (any peer: oldest of all). */
-static struct tcp_uq *probe_find(struct tcp_comm *c, int peer, int tag, int *src) {
-  struct tcp_uq *best = NULL;
-  for (int r = 0; r < c->size; r++) {
-    if (r == c->rank || (peer != DCOMM_ANY_SOURCE && r != peer)) continue;
-    for (struct tcp_uq *q = c->peers[r].uq_head; q; q = q->next)
-      if (q->hdr.root == tag) {
-        if (!best || q->serial < best->serial) {
-          best = q;
-          *src = r;
-        }
-        break; /* FIFO per (peer, tag): only the first counts */
-      }
-  }
-  return best;
-}
-
-/* One look at every link: 1 found, 0 not, < 0 error. Also notices the
- * probed peer's departure (any source: every peer gone). */
-static int probe_look(struct tcp_comm *c, int peer, int tag, double deadline, int *src, size_t *nbytes) {
-  for (int r = 0; r < c->size; r++)
-    if (r != c->rank) TCP_CHECK(probe_pull(c, r, deadline));
-  struct tcp_uq *q = probe_find(c, peer, tag, src);
-  if (q) {
-    *nbytes = (size_t)q->hdr.len;
-    return 1;
-  }
-  int alive = 0;
-  for (int r = 0; r < c->size; r++)
-    if (r != c->rank && (peer == DCOMM_ANY_SOURCE || r == peer)) alive += !c->peers[r].departed;
-  if (!alive && c->size > 1) {
-    if (peer != DCOMM_ANY_SOURCE)
-      return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: rank %d (world rank %d) finalized while this rank probes for its "
-                      "message (tag %d)", c->label, peer, tcp_world_of(c, peer), tag);
-    return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: every other rank finalized while this rank probes for a message "
-                    "(tag %d)", c->label, tag);
-  }
-  return 0;
-}
-
-int tcp_p2p_probe(struct tcp_comm *c, int peer, int tag, double deadline, int *src, size_t *nbytes) {
-  const struct dcomm_host *h = c->ctx->host;
-  if (peer != DCOMM_ANY_SOURCE && (peer < 0 || peer >= c->size || peer == c->rank))
-    return h->err(DCOMM_EINVAL, "tcp %s: cannot probe rank %d (rank %d of %d)", c->label, peer, c->rank, c->size);
-  TCP_CHECK(broken(c));
-  /* A message already queued is found without touching the links. */
-  struct tcp_uq *q = probe_find(c, peer, tag, src);
-  if (q) {
-    *nbytes = (size_t)q->hdr.len;
-    return 1;
-  }
-  TCP_CHECK(pf_reserve(c, 1 + c->size));
-  struct pollfd *pf = c->pf;
-  for (;;) {
-    /* Look, and on shared-memory links keep looking for DCOMM_SHM_SPIN
-     * before sleeping, as the engine does. */
-    double t0 = h->now(), t;
-    double pause_s = oversubscribed(c->ctx) ? 0 : PAUSE_SPIN;
-    for (;;) {
-      int rc = probe_look(c, peer, tag, deadline, src, nbytes);
-      if (rc) return rc;
-      t = h->now();
-      if (t >= deadline || !c->nshm || t - t0 >= c->t.shm_spin) break;
-      if (t - t0 >= pause_s) sched_yield();
-      else cpu_relax();
-    }
-    if (t >= deadline) return 0;
-    /* Sleep until a link has something, the comm is aborted, or the
-     * deadline. Rings are armed first; one that already holds data is
-     * read at once. */
-    int np = 0, ready = 0;
-    pf[np++] = (struct pollfd){.fd = c->abort_fd, .events = POLLIN};
-    for (int r = 0; r < c->size; r++) {
-      struct tcp_peer *p = &c->peers[r];
-      if (r == c->rank || !probe_readable(p) || (p->shm && p->closed)) continue;
-      if (p->shm) ready |= tcp_shm_arm_rx(p->shm);
-      pf[np++] = (struct pollfd){.fd = p->fd, .events = POLLIN | POLLRDHUP};
-    }
-    if (ready) continue;
-    double wait_s = deadline - h->now();
-    int rc = poll(pf, (nfds_t)np, wait_s > 0 ? (int)(wait_s * 1000) + 1 : 0);
-    if (rc < 0 && errno != EINTR) return tcp_fail(c, DCOMM_ESYSTEM, "tcp: poll: %s", strerror(errno));
-    if (rc > 0 && (pf[0].revents & POLLIN)) {
-      int err = atomic_load(&c->error);
-      return tcp_fail(c, err ? err : DCOMM_EREVOKED, "tcp %s: communicator aborted", c->label);
-    }
-  }
-}
-
-void tcp_peer_free_queue(struct tcp_peer *p) {
-  if (p->rx_uq) {
-    free(p->rx_uq->data);
-    free(p->rx_uq);
-    p->rx_uq = NULL;
-  }
-  while (p->uq_head) {
-    struct tcp_uq *q = p->uq_head;
-    p->uq_head = q->next;
-    free(q->data);
-    free(q);
-  }
-  p->uq_tail = NULL;
-}
-
-void tcp_close_links(struct tcp_comm *c) {
-  int clean = atomic_load(&c->error) == 0;
-  for (int i = 0; i < c->size; i++) {
-    struct tcp_peer *p = &c->peers[i];
-    if (p->fd < 0) continue;
-    if (clean && !p->closed && !p->mid_send) {
-      struct tcp_hdr h = {.magic = TCP_MAGIC, .type = TCP_F_BYE};
-      /* In order after the data, in the ring when there is one; a full ring
-       * (data the peer has not read yet) sends it on the link's socket,
-       * which the peer reads to its end once the ring is empty. */
-      if (p->shm) {
-        if (tcp_shm_put_frame(p->shm, &h, NULL, 0) < 0 && send(p->fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
-          /* best effort */
-        }
-      } else if (send(p->fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) { /* best effort */ }
-    }
-    shutdown(p->fd, SHUT_WR);
-    /* Empty the receive queue so close() sends FIN, not a reset that could
-     * destroy what the peer has yet to read. */
-    char sink[4096];
-    while (recv(p->fd, sink, sizeof(sink), MSG_DONTWAIT) > 0) {
-    }
-    close(p->fd);
-    p->fd = -1;
-    tcp_shm_free(p->shm);
-    p->shm = NULL;
-    tcp_peer_free_queue(p);
-  }
 }
