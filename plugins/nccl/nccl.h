@@ -201,6 +201,12 @@ int dnccl_await_child(struct dnccl_comm *p, double deadline, const char *what, n
 /* Marks every live communicator of the process aborted with reason (why
  * says what happened) and stops their NCCL handles as how says. */
 int dnccl_abort_all(int reason, const char *why, enum dnccl_stop how);
+/* The list of live communicators (nccl_abort.c): added once created,
+ * removed when destroyed; count and drop a finalized context's. */
+void dnccl_live_add(struct dnccl_comm *c);
+void dnccl_live_remove(struct dnccl_comm *c);
+int dnccl_live_count(const struct dnccl_ctx *ctx);
+void dnccl_live_drop(const struct dnccl_ctx *ctx);
 /* Waits until a revoked c leaves ncclInProgress (quiescent, or in an error
  * state a shrink with NCCL_SHRINK_ABORT still takes): 0; DCOMM_ENOTSUP
  * without a handle, DCOMM_ETIMEDOUT at the deadline. c->mu not held. */

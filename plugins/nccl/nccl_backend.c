@@ -4,10 +4,8 @@
  * device, NCCL version and capabilities), describe, communicator creation
  * (rank 0's ncclUniqueId through the store, non-blocking init bounded by
  * the deadline), destruction (finalize + destroy when healthy, abort
- * otherwise), async error queries, and the process-wide stop of every
- * live NCCL communicator of the process: grouped ncclCommAbort after a
- * timeout, ncclCommRevoke (handles kept for a shrink) when the core asks
- * through comm_abort and the loaded NCCL has it.
+ * otherwise) and async error queries. The process-wide stop of every live
+ * NCCL communicator is nccl_abort.c.
  *
  * Without a GPU every path fails with a message naming what is missing;
  * nothing pretends to succeed.
@@ -28,11 +26,6 @@
 #include "dcomm.h"
 
 extern const struct dcomm_backend_v1 dcomm_backend_v1 __attribute__((visibility("default")));
-
-/* Every communicator between comm_create and comm_destroy, for the
- * process-wide abort. */
-static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct dnccl_comm *live_head;
 
 /* ---- small helpers ---- */
 
@@ -178,144 +171,6 @@ int dnccl_await_child(struct dnccl_comm *p, double deadline, const char *what, n
   }
 }
 
-/* ---- the process-wide abort ---- */
-
-/* Revokes nc (the handle stays for a shrink); 0 or the NCCL error, after
- * which the caller aborts it. */
-static ncclResult_t revoke_one(ncclComm_t nc) {
-#if DNCCL_BUILD_REVOKE
-  ncclResult_t r = ncclCommRevoke(nc, NCCL_REVOKE_DEFAULT);
-  return r == ncclInProgress ? ncclSuccess : r;
-#else
-  (void)nc;
-  return ncclInvalidUsage;
-#endif
-}
-
-int dnccl_abort_all(int reason, const char *why, enum dnccl_stop how) {
-  if (reason >= 0) reason = DCOMM_EREVOKED;
-  pthread_mutex_lock(&live_mu);
-  int n = 0;
-  for (struct dnccl_comm *c = live_head; c; c = c->next) n++;
-  ncclComm_t *ncs = n ? calloc((size_t)n, sizeof(*ncs)) : NULL;
-  struct dnccl_ctx *ctx = live_head ? live_head->ctx : NULL;
-  const struct dcomm_host *h = ctx ? ctx->host : NULL;
-  int revoke = how == DNCCL_STOP_REVOKE && ctx && ctx->caps.revoke;
-  int k = 0, single = 0, revoked = 0;
-  ncclResult_t first = ncclSuccess;
-  double t0 = h ? h->now() : 0;
-  int prev = -1;
-  if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
-  if (ctx) (void)cudaSetDevice(ctx->dev);
-  /* Mark first, so every pending op returns promptly; stop after. */
-  for (struct dnccl_comm *c = live_head; c; c = c->next) {
-    pthread_mutex_lock(&c->mu);
-    if (!c->aborted) {
-      c->aborted = reason;
-      snprintf(c->why, sizeof(c->why), "%s", why);
-    }
-    if (c->nc && revoke && !c->revoked && !c->initializing) {
-      /* Local and asynchronous: in-flight kernels stop, the handle stays. */
-      ncclResult_t r = revoke_one(c->nc);
-      if (r == ncclSuccess) {
-        c->revoked = 1;
-        revoked++;
-      } else if (h) {
-        DNCCL_LOG(h, WARN, "nccl backend: ncclCommRevoke of %s failed (%s): aborting it", c->label,
-                  dnccl_result_name(r));
-      }
-    }
-    if (c->nc && (!revoke || !c->revoked)) { /* an abort also ends earlier revokes */
-      if (ncs) {
-        ncs[k++] = c->nc;
-      } else { /* out of memory: abort one by one */
-        ncclResult_t r = ncclCommAbort(c->nc);
-        if (r != ncclSuccess && first == ncclSuccess) first = r;
-        single++;
-      }
-      c->nc = NULL;
-      c->revoked = 0;
-    }
-    pthread_mutex_unlock(&c->mu);
-  }
-  if (k > 0) {
-    if (k > 1 && ctx->caps.group_abort) {
-      ncclResult_t r = ncclGroupStart();
-      if (r != ncclSuccess) first = r;
-      for (int i = 0; i < k; i++) {
-        r = ncclCommAbort(ncs[i]);
-        if (r != ncclSuccess && r != ncclInProgress && first == ncclSuccess) first = r;
-      }
-      r = ncclGroupEnd();
-      if (r != ncclSuccess && r != ncclInProgress && first == ncclSuccess) first = r;
-    } else {
-      for (int i = 0; i < k; i++) {
-        ncclResult_t r = ncclCommAbort(ncs[i]);
-        if (r != ncclSuccess && r != ncclInProgress && first == ncclSuccess) first = r;
-      }
-    }
-  }
-  if (prev >= 0) (void)cudaSetDevice(prev);
-  if (h && (k + single) > 0)
-    DNCCL_LOG(h, WARN, "nccl backend: aborted %d NCCL communicator(s) of this process%s in %.3f s (%s): %s", k + single,
-              k > 1 && ctx->caps.group_abort ? " together" : "", h->now() - t0, dnccl_err_name(reason), why);
-  if (h && revoked > 0)
-    DNCCL_LOG(h, WARN, "nccl backend: revoked %d NCCL communicator(s) of this process in %.3f s (%s): %s", revoked,
-              h->now() - t0, dnccl_err_name(reason), why);
-  pthread_mutex_unlock(&live_mu);
-  free(ncs);
-  if (first != ncclSuccess && h)
-    return h->err(DCOMM_EBACKEND, "nccl backend: ncclCommAbort failed: %s", ncclGetErrorString(first));
-  return 0;
-}
-
-int dnccl_wait_quiet(struct dnccl_comm *c, double deadline) {
-  const struct dcomm_host *h = c->ctx->host;
-  long us = 20;
-  for (;;) {
-    pthread_mutex_lock(&c->mu);
-    if (!c->nc) {
-      pthread_mutex_unlock(&c->mu);
-      return h->err(DCOMM_ENOTSUP, "nccl backend: %s has no NCCL handle any more (aborted: %s)", c->label, c->why);
-    }
-    ncclResult_t st = ncclInProgress;
-    ncclResult_t q = ncclCommGetAsyncError(c->nc, &st);
-    if (q != ncclSuccess) st = q;
-    pthread_mutex_unlock(&c->mu);
-    if (st != ncclInProgress) {
-      /* An error state is fine too: a shrink with NCCL_SHRINK_ABORT takes it. */
-      if (st != ncclSuccess)
-        DNCCL_LOG(h, INFO, "nccl backend: %s is in state %s after ncclCommRevoke", c->label, dnccl_result_name(st));
-      return 0;
-    }
-    if (deadline > 0 && h->now() >= deadline)
-      return h->err(DCOMM_ETIMEDOUT, "nccl backend: %s was still not quiescent after ncclCommRevoke at its deadline",
-                    c->label);
-    dnccl_sleep_us(us);
-    if (us < 1000) us *= 2;
-  }
-}
-
-static void live_add(struct dnccl_comm *c) {
-  pthread_mutex_lock(&live_mu);
-  c->next = live_head;
-  live_head = c;
-  c->listed = 1;
-  pthread_mutex_unlock(&live_mu);
-}
-
-static void live_remove(struct dnccl_comm *c) {
-  pthread_mutex_lock(&live_mu);
-  for (struct dnccl_comm **p = &live_head; *p; p = &(*p)->next)
-    if (*p == c) {
-      *p = c->next;
-      break;
-    }
-  c->listed = 0;
-  c->next = NULL;
-  pthread_mutex_unlock(&live_mu);
-}
-
 /* ---- module pinning ---- */
 
 /* libcudart and libnccl keep threads and exit handlers; unloading them
@@ -405,24 +260,12 @@ static int be_init(const struct dcomm_host *host, void **out) {
 static int be_finalize(void *vctx) {
   struct dnccl_ctx *ctx = vctx;
   if (!ctx) return 0;
-  int left = 0;
-  pthread_mutex_lock(&live_mu);
-  for (struct dnccl_comm *c = live_head; c; c = c->next) left += c->ctx == ctx;
-  pthread_mutex_unlock(&live_mu);
+  int left = dnccl_live_count(ctx);
   if (left) {
     /* The core destroys every communicator first; these were leaked. */
     DNCCL_LOG(ctx->host, WARN, "nccl backend: finalize with %d live communicator(s): aborting them", left);
     dnccl_abort_all(DCOMM_EREVOKED, "the nccl backend was finalized while the communicator was live", DNCCL_STOP_ABORT);
-    pthread_mutex_lock(&live_mu);
-    for (struct dnccl_comm **p = &live_head; *p;) {
-      if ((*p)->ctx == ctx) {
-        (*p)->listed = 0;
-        *p = (*p)->next;
-      } else {
-        p = &(*p)->next;
-      }
-    }
-    pthread_mutex_unlock(&live_mu);
+    dnccl_live_drop(ctx);
   }
   free(ctx);
   return 0;
@@ -457,7 +300,7 @@ static int be_describe(void *vctx, char *buf, size_t len) {
 /* ---- communicators ---- */
 
 void dnccl_comm_free(struct dnccl_comm *c) {
-  if (c->listed) live_remove(c);
+  if (c->listed) dnccl_live_remove(c);
   (void)cudaSetDevice(c->dev);
   if (c->barrier_buf) (void)cudaFree(c->barrier_buf);
   if (c->stream) (void)cudaStreamDestroy(c->stream);
@@ -534,7 +377,7 @@ int dnccl_comm_new(struct dnccl_ctx *ctx, uint64_t id, int rank, int size, const
     return h->err(DCOMM_EBACKEND, "nccl backend: CUDA set-up of %s failed: %s", label, ct);
   }
   c->initializing = 1;
-  live_add(c); /* from here a process-wide abort covers the init too */
+  dnccl_live_add(c); /* from here a process-wide abort covers the init too */
   *out = c;
   return 0;
 }
@@ -655,7 +498,7 @@ static int be_comm_destroy(void *comm) {
   pthread_mutex_unlock(&c->mu);
   /* Still listed while finalizing, so a process-wide abort covers it. */
   if (healthy && rc == 0) rc = dnccl_poll_ready(c, h->now() + c->ctx->finalize_timeout, "ncclCommFinalize");
-  live_remove(c);
+  dnccl_live_remove(c);
   pthread_mutex_lock(&c->mu);
   if (c->nc) {
     if (rc == 0 && !c->aborted && !c->failed) {
