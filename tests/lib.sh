@@ -7,6 +7,10 @@
 #   stop_pid FILE|PID          TERM, then KILL after 10 s (a daemon we started)
 #   free_port                  a loopback TCP port nobody listens on
 #   final_line FILE, loss_of FILE, same_loss A B   elastic_sgd's result
+#   install_scratch            make install of the build tree $b into $T/root:
+#                              sets R, pc (its dcomm.pc), prefix, libdir and
+#                              san (the build's sanitizer flags); 1 on failure
+#                              ($T/install.log says why)
 #   slurm_cluster_start DIR / slurm_cluster_stop DIR
 #                              a private single-node SLURM cluster (munged,
 #                              slurmctld, slurmd; SLURM_CONF=DIR/slurm.conf)
@@ -34,6 +38,16 @@ finish() {
   echo "$passed passed, $failed failed"
   [ "$failed" = 0 ]
   exit $?
+}
+
+install_scratch() {
+  R=$T/root
+  make -C "$b" install DESTDIR="$R" >"$T/install.log" 2>&1 || return 1
+  pc=$(find "$R" -name dcomm.pc | head -1)
+  [ -n "$pc" ] || { echo "make install put no dcomm.pc under $R" >>"$T/install.log"; return 1; }
+  prefix=$(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --variable=prefix dcomm)
+  libdir=$(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --variable=libdir dcomm)
+  san=$(sed -n 's/^SAN_FLAGS = //p' "$b/Makefile")
 }
 
 stop_pid() { # stop_pid PID-FILE | PID

@@ -41,14 +41,9 @@ NC_TIMEOUT=${NC_TIMEOUT:-60}
 NC_MIN_RUN=${NC_MIN_RUN:-10}
 
 # ---- install into a scratch root -------------------------------------------
-if ! make -C "$b" install DESTDIR="$T/root" >"$T/install.log" 2>&1; then
+if ! install_scratch; then
   echo "not ok - make install DESTDIR=$T/root"; tail -20 "$T/install.log"; exit 1
 fi
-R=$T/root
-pc=$(find "$R" -name dcomm.pc | head -1)
-[ -n "$pc" ] || { echo "not ok - make install put no dcomm.pc under $R"; exit 1; }
-prefix=$(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --variable=prefix dcomm)
-libdir=$(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --variable=libdir dcomm)
 pylib=$(find "$R" -type d -name dcomm -path '*-packages/dcomm' | head -1)
 
 # The environment of a new user of this install, and nothing of the build:
@@ -66,7 +61,6 @@ export DCOMM_LIBRARY=$R$libdir/libdcomm.so.0
 [ -d "$R$libdir/dcomm" ] && export DCOMM_PLUGIN_PATH=$R$libdir/dcomm
 # A sanitizer build's library needs its runtime: `cc` links with the same
 # flags (a wrapper first on PATH), as tests/plugin_oot.sh does.
-san=$(sed -n 's/^SAN_FLAGS = //p' "$b/Makefile")
 if [ -n "$san" ]; then
   realcc=$(PATH=/usr/bin:/bin command -v "${CC%% *}" || command -v cc)
   printf '#!/bin/sh\nexec %s "$@" %s\n' "$realcc" "$san" >"$T/wrap/cc"

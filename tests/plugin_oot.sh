@@ -21,11 +21,10 @@ trap 'rm -rf "$T"' EXIT
 . "$src/tests/lib.sh"
 CC=${CC:-cc}
 
-if ! make -C "$b" install DESTDIR="$T/root" >"$T/install.log" 2>&1; then
+if ! install_scratch; then
   result 1 "make install into a scratch root" "$(tail -5 "$T/install.log")"
   finish
 fi
-pc=$(find "$T/root" -name dcomm.pc | head -1)
 export PKG_CONFIG_PATH=$(dirname "$pc")
 inc=$(pkg-config --variable=includedir dcomm)
 lib=$(pkg-config --variable=libdir dcomm)
@@ -76,7 +75,6 @@ int main(void) {
 PROG
 # A sanitizer build's library needs its runtime loaded first: the program
 # is linked with the same flags.
-san=$(sed -n 's/^SAN_FLAGS = //p' "$b/Makefile")
 if ! $CC -Wall -Werror $san "$T/prog.c" $(pkg-config --cflags --libs dcomm) -o "$T/prog" 2>"$T/cc.prog"; then
   result 1 "a program builds with pkg-config --cflags --libs dcomm" "$(head -5 "$T/cc.prog")"
   finish
