@@ -109,6 +109,8 @@ static void begin_teardown(struct agent *a, enum phase ph, double grace, int sig
 static void fail_job(struct agent *a, const char *reason) {
   snprintf(a->fail_reason, sizeof(a->fail_reason), "%s", reason);
   int live = agent_live_count(a);
+  /* A fenced node's workers were SIGKILLed at the fence (run_rdzv.c). */
+  if (live && a->rdzv && run_rdzv_lost(a->rdzv, NULL, 0)) live = 0;
   if (live) run_log("%s; stopping the %d remaining worker%s", reason, live, live == 1 ? "" : "s");
   begin_teardown(a, PH_FAIL, STOP_GRACE_S, SIGTERM);
 }
