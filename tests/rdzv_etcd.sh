@@ -410,20 +410,27 @@ fi
 
 n=$((n + 1))
 # The three-member cluster of case 8, whole again, loses two members (no quorum) for 10 s.
-mp=([1]=$e1 [2]=$e2 [3]=$e3)
-mport=([1]=$c1 [2]=$c2 [3]=$c3)
-restart_member() { # index
-  start_etcd "m$1" "${mport[$1]}" $((mport[$1] + 1)) "$cl" three
-  mp[$1]=$etcd_pid
-}
-[ -n "$leader" ] && restart_member "${lname#m}" && wait_etcd "${mport[${lname#m}]}"
-quorum_down() { kill -9 "${mp[1]}" "${mp[2]}"; wait "${mp[1]}" "${mp[2]}" 2>/dev/null; }
-quorum_up() { restart_member 1; restart_member 2; wait_etcd "$c1"; wait_etcd "$c2"; }
-outage_case 2 jobL "$eps" quorum_down quorum_up
-if rode_out 2; then
-  ok "a three-member etcd loses quorum for 10 s (two members killed, then restarted): the job pauses, resumes and finishes in generation 1 with the right loss"
+# (The same agent paths as the restart above: a sanitizer build, which
+# runs them there, leaves this one to the plain build for CI's time.)
+if ldd "$run" 2>/dev/null | grep -q 'libasan\|libtsan'; then
+  skipped=$((skipped + 1))
+  echo "ok $n - # SKIP quorum loss: sanitizer build (the plain build runs it)"
 else
-  notok "quorum loss (exit $ra $rb; '$f')" "$work/o2a.err" "$work/o2b.err"
+  mp=([1]=$e1 [2]=$e2 [3]=$e3)
+  mport=([1]=$c1 [2]=$c2 [3]=$c3)
+  restart_member() { # index
+    start_etcd "m$1" "${mport[$1]}" $((mport[$1] + 1)) "$cl" three
+    mp[$1]=$etcd_pid
+  }
+  [ -n "$leader" ] && restart_member "${lname#m}" && wait_etcd "${mport[${lname#m}]}"
+  quorum_down() { kill -9 "${mp[1]}" "${mp[2]}"; wait "${mp[1]}" "${mp[2]}" 2>/dev/null; }
+  quorum_up() { restart_member 1; restart_member 2; wait_etcd "$c1"; wait_etcd "$c2"; }
+  outage_case 2 jobL "$eps" quorum_down quorum_up
+  if rode_out 2; then
+    ok "a three-member etcd loses quorum for 10 s (two members killed, then restarted): the job pauses, resumes and finishes in generation 1 with the right loss"
+  else
+    notok "quorum loss (exit $ra $rb; '$f')" "$work/o2a.err" "$work/o2b.err"
+  fi
 fi
 
 n=$((n + 1))
