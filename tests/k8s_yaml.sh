@@ -46,7 +46,7 @@ src=${top_srcdir:-${srcdir:-$(dirname "$0")/..}}
 dir=$src/examples/k8s
 # The manifests do not touch the library: a sanitizer build has nothing to add.
 if [ -n "${DCOMM_LIBRARY:-}" ] && ldd "$DCOMM_LIBRARY" 2>/dev/null | grep -q 'libasan\|libtsan'; then
-  echo "SKIP: sanitizer build (the plain build checks the manifests)"
+  echo "skip: sanitizer build (the plain build checks the manifests)"
   exit 77
 fi
 

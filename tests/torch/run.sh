@@ -7,11 +7,11 @@ set -u
 here=$(cd "$(dirname "$0")" && pwd)
 py=${DCOMM_TORCH_PYTHON:-}
 if [ -z "$py" ]; then
-  echo "SKIP: configure found no Python interpreter that imports torch (apt-get install python3-torch python3-pytest)"
+  echo "skip: configure found no Python interpreter that imports torch (apt-get install python3-torch python3-pytest)"
   exit 77
 fi
 if ! "$py" -c 'import pytest, numpy' 2>/dev/null; then
-  echo "SKIP: $py lacks pytest or numpy (apt-get install python3-pytest python3-numpy)"
+  echo "skip: $py lacks pytest or numpy (apt-get install python3-pytest python3-numpy)"
   exit 77
 fi
 : "${DCOMM_LIBRARY:?DCOMM_LIBRARY must name the built libdcomm.so.0}"

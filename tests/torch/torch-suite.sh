@@ -13,10 +13,10 @@
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 py=${DCOMM_TORCH_PYTHON:-}
-[ -n "$py" ] || { echo "SKIP: configure found no Python interpreter that imports torch"; exit 77; }
+[ -n "$py" ] || { echo "skip: configure found no Python interpreter that imports torch"; exit 77; }
 : "${DCOMM_LIBRARY:?DCOMM_LIBRARY must name the built libdcomm.so.0}"
 if ldd "$DCOMM_LIBRARY" | grep -q 'libasan\|libtsan'; then
-  echo "SKIP: sanitizer build (the plain build runs torch's suite)"; exit 77
+  echo "skip: sanitizer build (the plain build runs torch's suite)"; exit 77
 fi
 world=${WORLD_SIZE:-2}
 tmp=$(mktemp -d)
