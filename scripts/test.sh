@@ -5,7 +5,7 @@
 # UndefinedBehaviorSanitizer in a separate build tree, the suites with
 # threads of their own (the store server's loop, the elastic watcher,
 # client threads) under ThreadSanitizer, then every libFuzzer target for
-# FUZZ_SECONDS (default 10) seconds from its committed corpus.
+# FUZZ_SECONDS (default 5) seconds from its committed corpus.
 #   scripts/test.sh            full run
 #   SKIP_SANITIZERS=1 scripts/test.sh   plain build only
 #   SKIP_TSAN=1 scripts/test.sh         no ThreadSanitizer step
@@ -53,7 +53,7 @@ if [ "${SKIP_SANITIZERS:-0}" != 1 ] && [ "${SKIP_FUZZ:-0}" != 1 ]; then
   (cd "$top/build-fuzz" && CC=clang-14 "$top/configure" --enable-werror --enable-fuzzing >configure.out 2>&1 ||
      { cat configure.out; exit 1; }
    make -j"$jobs" fuzz >make.out 2>&1 || { cat make.out; exit 1; }
-   FUZZ_ARTIFACTS=$top/build-fuzz/artifacts make fuzz FUZZ_SECONDS="${FUZZ_SECONDS:-10}")
+   FUZZ_ARTIFACTS=$top/build-fuzz/artifacts make fuzz FUZZ_SECONDS="${FUZZ_SECONDS:-5}")
 fi
 total_pass=$(cat "$top"/build*/check.out | grep -c '^PASS:' || true)
 echo "dcomm: $total_pass passed, 0 failed"
