@@ -48,13 +48,6 @@ static void seg(size_t count, int n, int i, size_t *off, size_t *cnt) {
 #define XF_REDUCE 1
 #define XF_FWD 2
 
-static int exchange(struct tcp_comm *c, const struct dcomm_coll_args *a, int to, const void *sbuf, size_t slen,
-                    int from, void *rbuf, size_t rlen, int flags) {
-  struct tcp_xop ops[2] = {{.peer = to, .is_send = 1, .sbuf = sbuf, .len = slen, .fwd = !!(flags & XF_FWD)},
-                           {.peer = from, .rbuf = rbuf, .len = rlen, .reduce = !!(flags & XF_REDUCE)}};
-  return tcp_xfer(c, ops, 2, a);
-}
-
 static int send1(struct tcp_comm *c, const struct dcomm_coll_args *a, int to, const void *buf, size_t len, int fwd) {
   struct tcp_xop op = {.peer = to, .is_send = 1, .sbuf = buf, .len = len, .fwd = fwd};
   return tcp_xfer(c, &op, 1, a);
@@ -63,6 +56,21 @@ static int send1(struct tcp_comm *c, const struct dcomm_coll_args *a, int to, co
 static int recv1(struct tcp_comm *c, const struct dcomm_coll_args *a, int from, void *buf, size_t len, int reduce) {
   struct tcp_xop op = {.peer = from, .rbuf = buf, .len = len, .reduce = reduce};
   return tcp_xfer(c, &op, 1, a);
+}
+
+/* Sends to one peer while receiving from another (or the same). A send
+ * that completes alone (room in a shared-memory ring) goes first and the
+ * receive follows as a step of its own: the same bytes move, without a
+ * two-op wait (at 2 ranks, 64 B all_gather 1.7-1.9 -> 1.4 us). */
+static int exchange(struct tcp_comm *c, const struct dcomm_coll_args *a, int to, const void *sbuf, size_t slen,
+                    int from, void *rbuf, size_t rlen, int flags) {
+  if (tcp_sends_now(c, to, slen, !!(flags & XF_FWD))) {
+    TCP_CHECK(send1(c, a, to, sbuf, slen, !!(flags & XF_FWD)));
+    return recv1(c, a, from, rbuf, rlen, !!(flags & XF_REDUCE));
+  }
+  struct tcp_xop ops[2] = {{.peer = to, .is_send = 1, .sbuf = sbuf, .len = slen, .fwd = !!(flags & XF_FWD)},
+                           {.peer = from, .rbuf = rbuf, .len = rlen, .reduce = !!(flags & XF_REDUCE)}};
+  return tcp_xfer(c, ops, 2, a);
 }
 
 static int oom(struct tcp_comm *c) { return tcp_fail(c, DCOMM_ENOMEM, "tcp %s: out of memory for scratch", c->label); }
@@ -243,6 +251,11 @@ static int ring_gather_blocks(struct tcp_comm *c, const struct dcomm_coll_args *
 static int pairwise(struct tcp_comm *c, const struct dcomm_coll_args *a, const char *in, size_t stride, char *out,
                     size_t blen) {
   int n = c->size, r = c->rank;
+  if (n == 2) { /* one peer: an exchange */
+    const char *own = in + (size_t)r * stride;
+    if (out + (size_t)r * blen != own) memmove(out + (size_t)r * blen, own, blen);
+    return exchange(c, a, 1 - r, in + (size_t)(1 - r) * stride, blen, 1 - r, out + (size_t)(1 - r) * blen, blen, 0);
+  }
   struct tcp_xop *ops = calloc((size_t)(2 * n), sizeof(*ops));
   if (!ops) return oom(c);
   int k = 0;
