@@ -64,6 +64,9 @@ static void *watcher_main(void *arg) {
     char hb[64]; /* CLOCK_MONOTONIC: shared by the processes of one host */
     int n = snprintf(hb, sizeof(hb), "%.3f", dcomm__now());
     if (dcomm__store_set(w->estore, hbkey, hb, (size_t)n + 1) < 0) {
+      /* A tcp link dropped after a request outlived its bound (the store's
+       * host was frozen): connect again, or try at the next beat. */
+      if (!strcmp(dcomm__store_kind(w->estore), "tcp")) (void)dcomm__store_tcp_redial(w->estore, interval);
       nap(w, interval);
       continue;
     }

@@ -610,6 +610,31 @@ START_TEST(tcp_stop_with_blocked_get) {
 }
 END_TEST
 
+/* A broken handle (its server went away) connects again in place once a
+ * server listens on the same port: the watcher's heartbeats survive a
+ * store that was frozen longer than a request's bound. */
+START_TEST(tcp_redial) {
+  struct dcomm_store *a = client_t(5.0);
+  ok(dcomm__store_set(a, "k", "1", 2));
+  ck_assert_int_eq(dcomm__store_tcp_redial(a, 2.0), 0); /* not broken: nothing to do */
+  dcomm__store_server_stop(srv);
+  srv = NULL;
+  ck_assert_int_eq(dcomm__store_set(a, "k", "2", 2), DCOMM_EPEERLOST);
+  ck_assert_int_lt(dcomm__store_tcp_redial(a, 0.5), 0); /* nobody listens */
+  ck_assert_int_eq(dcomm__store_set(a, "k", "2", 2), DCOMM_EPEERLOST);
+  int rc = dcomm__store_server_start("127.0.0.1", port, JOB, TOKEN, &srv);
+  ck_assert_msg(rc == 0, "server restart on port %d: %s", port, dcomm_last_error());
+  ck_assert_msg(dcomm__store_tcp_redial(a, 2.0) == 0, "redial: %s", dcomm_last_error());
+  ok(dcomm__store_set(a, "k", "3", 2));
+  void *v = NULL;
+  size_t len = 0;
+  ok(dcomm__store_get(a, "k", 1.0, &v, &len));
+  ck_assert_str_eq(v, "3");
+  free(v);
+  dcomm__store_close(a);
+}
+END_TEST
+
 START_TEST(tcp_connect_timeout_and_local_ip) {
   struct dcomm_store *a = client();
   char ip[64];
@@ -803,6 +828,7 @@ static Suite *store_suite(void) {
   tcase_add_test(tc, tcp_truncated_frame);
   tcase_add_test(tc, tcp_garbage_before_handshake);
   tcase_add_test(tc, tcp_stop_with_blocked_get);
+  tcase_add_test(tc, tcp_redial);
   tcase_add_test(tc, tcp_connect_timeout_and_local_ip);
   tcase_add_test(tc, tcp_txn_wire);
   tcase_add_test(tc, tcp_max_clients);

@@ -12,7 +12,7 @@
 #   stop-0.5 stop-1 stop-1.5 stop-3   node 2 (agent + workers) SIGSTOPped
 #   agent-stop                        node 2's agent alone stopped 1.5 TTL
 #   worker-stop                       one worker of node 2 stopped > heartbeat timeout
-#   static-run-stop                   static dcomm-run SIGSTOPped 5 s (> heartbeat timeout)
+#   static-run-stop                   static dcomm-run SIGSTOPped 7 s (> heartbeat timeout, and > a store request's 5 s bound: the watchers must connect again)
 #   static-worker-short               a worker stopped 1 s (< heartbeat timeout)
 #   static-worker-long                a worker stopped 6 s (> heartbeat timeout)
 # Each asserts, from the logs (DCOMM_LOG_LEVEL=info) and the checkpoint
@@ -194,7 +194,7 @@ static_case() { # static-run-stop, static-worker-short, static-worker-long
   wait_step $((20 + 10 * (RANDOM % 3))) "$work/$n.out"
   local agent wk; agent=$(pgrep -P "$p" | head -1); agent=${agent:-$p}; wk=$(pgrep -P "$agent" | sed -n 2p)
   case $c in
-    static-run-stop) kill -STOP "$agent"; sleep 5; kill -CONT "$agent" ;;
+    static-run-stop) kill -STOP "$agent"; sleep 7; kill -CONT "$agent" ;;
     static-worker-short) kill -STOP "$wk"; sleep 1; kill -CONT "$wk" ;;
     static-worker-long) kill -STOP "$wk"; sleep 6; kill -CONT "$wk" 2>/dev/null; want_world=3 ;;
   esac

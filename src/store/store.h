@@ -134,6 +134,11 @@ void dcomm__store_server_stop(struct dcomm_store_server *srv);
 int dcomm__store_tcp_connect(const char *host, int port, const char *job_id, const char *token,
                              double connect_timeout, double timeout, struct dcomm_store **out);
 int dcomm__store_tcp_local_ip(struct dcomm_store *s, char *buf, size_t len);
+/* A tcp handle whose stream failed (broken) connects again in place, within
+ * timeout (connect and handshake each); 0 also when it was not broken.
+ * The watcher's link uses it: a store frozen longer than a request's
+ * bound (a SIGSTOPped dcomm-run) must not end a worker's heartbeats. */
+int dcomm__store_tcp_redial(struct dcomm_store *s, double timeout);
 
 /* Shared-file store (file:// init): every rank opens the same path on a
  * shared file system. */

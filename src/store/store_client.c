@@ -15,6 +15,7 @@
 #include "store.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +38,9 @@ struct tcp_store {
   int fd;
   int broken;
   char where[300]; /* "host:port", for messages */
+  /* For dcomm__store_tcp_redial. */
+  char host[256], job_id[256], token[256];
+  int port;
 };
 
 static const struct dcomm_store_ops tcp_ops;
@@ -388,6 +392,7 @@ out:
 static void tcp_close(struct dcomm_store *s) {
   struct tcp_store *t = (struct tcp_store *)s;
   if (t->fd >= 0) close(t->fd);
+  memset(t->token, 0, sizeof(t->token));
   pthread_mutex_destroy(&t->mu);
   free(t);
 }
@@ -413,6 +418,44 @@ static const struct dcomm_store_ops tcp_ops = {
     .interrupt = tcp_interrupt,
 };
 
+/* Connects to t's server and runs the handshake: connecting by deadline,
+ * the handshake within hs_s after that (or by deadline, if later). */
+static int dial(struct tcp_store *t, double deadline, double hs_s, int *fd) {
+  int rc = dcomm__sock_connect(t->host, t->port, deadline, fd);
+  if (rc < 0) return rc;
+  dcomm__sock_tune(*fd, 0);
+  double hs_deadline = dcomm__now() + hs_s;
+  if (hs_deadline < deadline) hs_deadline = deadline;
+  rc = dcomm__hs_client(*fd, t->job_id, t->token[0] ? t->token : NULL, DCOMM_HS_STORE, NULL, 0, hs_deadline);
+  if (rc == DCOMM_EPEERLOST) rc = dcomm__err_ctx(rc, "store %s closed the connection during the handshake", t->where);
+  if (rc < 0) {
+    close(*fd);
+    *fd = -1;
+  }
+  return rc;
+}
+
+int dcomm__store_tcp_redial(struct dcomm_store *s, double timeout) {
+  if (!s || s->ops != &tcp_ops) return dcomm__err(DCOMM_ENOTSUP, "store redial: not a tcp store handle");
+  struct tcp_store *t = (struct tcp_store *)s;
+  pthread_mutex_lock(&t->mu);
+  int rc = 0;
+  if (t->broken && t->fd >= 0) {
+    int nfd = -1;
+    rc = dial(t, dcomm__now() + timeout, timeout, &nfd);
+    if (rc == 0) {
+      /* The new connection takes the old one's descriptor number, which
+       * tcp_interrupt may read without the lock. */
+      if (dup2(nfd, t->fd) < 0) rc = dcomm__err(DCOMM_ESYSTEM, "store redial: dup2: %s", strerror(errno));
+      else t->broken = 0;
+      close(nfd);
+    }
+    if (rc == 0) DCOMM_LOG(INFO, STORE, "connected to the store at %s again", t->where);
+  }
+  pthread_mutex_unlock(&t->mu);
+  return rc;
+}
+
 int dcomm__store_tcp_connect(const char *host, int port, const char *job_id, const char *token,
                              double connect_timeout, double timeout, struct dcomm_store **out) {
   if (!out) return dcomm__err(DCOMM_EINVAL, "store connect: NULL output argument");
@@ -427,18 +470,14 @@ int dcomm__store_tcp_connect(const char *host, int port, const char *job_id, con
   t->base.timeout = timeout;
   t->fd = -1;
   snprintf(t->where, sizeof(t->where), "%s:%d", host, port);
+  snprintf(t->host, sizeof(t->host), "%s", host);
+  snprintf(t->job_id, sizeof(t->job_id), "%s", job_id);
+  snprintf(t->token, sizeof(t->token), "%s", token ? token : "");
+  t->port = port;
   pthread_mutex_init(&t->mu, NULL);
-  double deadline = dcomm__now() + connect_timeout;
-  int rc = dcomm__sock_connect(host, port, deadline, &t->fd);
-  if (rc == 0) {
-    dcomm__sock_tune(t->fd, 0);
-    /* The server allows DCOMM_STORE_HS_TIMEOUT for the handshake; so do we,
-     * even when connecting used up most of connect_timeout. */
-    double hs_deadline = dcomm__now() + DCOMM_STORE_HS_TIMEOUT;
-    if (hs_deadline < deadline) hs_deadline = deadline;
-    rc = dcomm__hs_client(t->fd, job_id, token, DCOMM_HS_STORE, NULL, 0, hs_deadline);
-    if (rc == DCOMM_EPEERLOST) rc = dcomm__err_ctx(rc, "store %s closed the connection during the handshake", t->where);
-  }
+  /* The server allows DCOMM_STORE_HS_TIMEOUT for the handshake; so do we,
+   * even when connecting used up most of connect_timeout. */
+  int rc = dial(t, dcomm__now() + connect_timeout, DCOMM_STORE_HS_TIMEOUT, &t->fd);
   if (rc < 0) {
     tcp_close(&t->base);
     return rc;
