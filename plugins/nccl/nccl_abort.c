@@ -6,6 +6,8 @@
  * asks through comm_abort and the loaded NCCL has it, else ncclCommAbort,
  * grouped when NCCL can abort several together (after a timeout, at a
  * generation's revoke, or at finalize for communicators never destroyed).
+ * (Waiting until a revoked handle is quiescent, dnccl_wait_quiet, is with
+ * the other polls in nccl_backend.c.)
  */
 #include "nccl.h"
 
@@ -105,33 +107,6 @@ int dnccl_abort_all(int reason, const char *why, enum dnccl_stop how) {
   if (first != ncclSuccess && h)
     return h->err(DCOMM_EBACKEND, "nccl backend: ncclCommAbort failed: %s", ncclGetErrorString(first));
   return 0;
-}
-
-int dnccl_wait_quiet(struct dnccl_comm *c, double deadline) {
-  const struct dcomm_host *h = c->ctx->host;
-  long us = 20;
-  for (;;) {
-    pthread_mutex_lock(&c->mu);
-    if (!c->nc) {
-      pthread_mutex_unlock(&c->mu);
-      return h->err(DCOMM_ENOTSUP, "nccl backend: %s has no NCCL handle any more (aborted: %s)", c->label, c->why);
-    }
-    ncclResult_t st = ncclInProgress;
-    ncclResult_t q = ncclCommGetAsyncError(c->nc, &st);
-    if (q != ncclSuccess) st = q;
-    pthread_mutex_unlock(&c->mu);
-    if (st != ncclInProgress) {
-      /* An error state is fine too: a shrink with NCCL_SHRINK_ABORT takes it. */
-      if (st != ncclSuccess)
-        DNCCL_LOG(h, INFO, "nccl backend: %s is in state %s after ncclCommRevoke", c->label, dnccl_result_name(st));
-      return 0;
-    }
-    if (deadline > 0 && h->now() >= deadline)
-      return h->err(DCOMM_ETIMEDOUT, "nccl backend: %s was still not quiescent after ncclCommRevoke at its deadline",
-                    c->label);
-    dnccl_sleep_us(us);
-    if (us < 1000) us *= 2;
-  }
 }
 
 void dnccl_live_add(struct dnccl_comm *c) {

@@ -51,22 +51,6 @@ const char *dnccl_coll_name(enum dcomm_coll c) {
   return (unsigned)c < DCOMM_COLL_COUNT ? names[c] : "unknown op";
 }
 
-/* The module does not link libdcomm, so it names the codes itself. */
-const char *dnccl_err_name(int code) {
-  switch (code) {
-  case DCOMM_SUCCESS: return "DCOMM_SUCCESS";
-  case DCOMM_EINVAL: return "DCOMM_EINVAL";
-  case DCOMM_ETIMEDOUT: return "DCOMM_ETIMEDOUT";
-  case DCOMM_EPEERLOST: return "DCOMM_EPEERLOST";
-  case DCOMM_EREVOKED: return "DCOMM_EREVOKED";
-  case DCOMM_ENOTSUP: return "DCOMM_ENOTSUP";
-  case DCOMM_EBACKEND: return "DCOMM_EBACKEND";
-  case DCOMM_ESYSTEM: return "DCOMM_ESYSTEM";
-  case DCOMM_ENOMEM: return "DCOMM_ENOMEM";
-  default: return "DCOMM error";
-  }
-}
-
 int dnccl_map_result(ncclResult_t r) {
   switch (r) {
   case ncclSuccess:
@@ -166,6 +150,33 @@ int dnccl_await_child(struct dnccl_comm *p, double deadline, const char *what, n
     pthread_mutex_unlock(&p->mu);
     if (deadline > 0 && h->now() >= deadline)
       return h->err(DCOMM_ETIMEDOUT, "nccl backend: %s on %s did not complete before its deadline", what, p->label);
+    dnccl_sleep_us(us);
+    if (us < 1000) us *= 2;
+  }
+}
+
+int dnccl_wait_quiet(struct dnccl_comm *c, double deadline) {
+  const struct dcomm_host *h = c->ctx->host;
+  long us = 20;
+  for (;;) {
+    pthread_mutex_lock(&c->mu);
+    if (!c->nc) {
+      pthread_mutex_unlock(&c->mu);
+      return h->err(DCOMM_ENOTSUP, "nccl backend: %s has no NCCL handle any more (aborted: %s)", c->label, c->why);
+    }
+    ncclResult_t st = ncclInProgress;
+    ncclResult_t q = ncclCommGetAsyncError(c->nc, &st);
+    if (q != ncclSuccess) st = q;
+    pthread_mutex_unlock(&c->mu);
+    if (st != ncclInProgress) {
+      /* An error state is fine too: a shrink with NCCL_SHRINK_ABORT takes it. */
+      if (st != ncclSuccess)
+        DNCCL_LOG(h, INFO, "nccl backend: %s is in state %s after ncclCommRevoke", c->label, dnccl_result_name(st));
+      return 0;
+    }
+    if (deadline > 0 && h->now() >= deadline)
+      return h->err(DCOMM_ETIMEDOUT, "nccl backend: %s was still not quiescent after ncclCommRevoke at its deadline",
+                    c->label);
     dnccl_sleep_us(us);
     if (us < 1000) us *= 2;
   }

@@ -2,7 +2,8 @@
  * nccl_caps.c: the nccl backend's decisions that need no GPU, kept apart
  * so that tests/check_nccl.c checks them on any machine: which
  * fault-tolerance calls the loaded NCCL offers (version gating at build and
- * run time), the validation of a shrink or split request, NCCL result names, and
+ * run time), the validation of a shrink or split request, NCCL result and
+ * dcomm error names, and
  * the message for a communicator init that NCCL refused (two ranks of one
  * communicator on one GPU). Nothing here calls CUDA or NCCL.
  */
@@ -58,6 +59,22 @@ int dnccl_split_check(int color, const struct dcomm_comm_spec *spec, char *why, 
     return DCOMM_EINVAL;
   }
   return 0;
+}
+
+/* The module does not link libdcomm, so it names the codes itself. */
+const char *dnccl_err_name(int code) {
+  switch (code) {
+  case DCOMM_SUCCESS: return "DCOMM_SUCCESS";
+  case DCOMM_EINVAL: return "DCOMM_EINVAL";
+  case DCOMM_ETIMEDOUT: return "DCOMM_ETIMEDOUT";
+  case DCOMM_EPEERLOST: return "DCOMM_EPEERLOST";
+  case DCOMM_EREVOKED: return "DCOMM_EREVOKED";
+  case DCOMM_ENOTSUP: return "DCOMM_ENOTSUP";
+  case DCOMM_EBACKEND: return "DCOMM_EBACKEND";
+  case DCOMM_ESYSTEM: return "DCOMM_ESYSTEM";
+  case DCOMM_ENOMEM: return "DCOMM_ENOMEM";
+  default: return "DCOMM error";
+  }
 }
 
 const char *dnccl_result_name(ncclResult_t r) {

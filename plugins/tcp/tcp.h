@@ -267,8 +267,9 @@ int tcp_p2p_send(struct tcp_comm *c, const struct dcomm_coll_args *a);
  * (a shared-memory link with that much room). */
 int tcp_sends_now(struct tcp_comm *c, int peer, size_t len, int fwd);
 int tcp_p2p_recv(struct tcp_comm *c, const struct dcomm_coll_args *a);
-/* Takes peer's oldest queued message with a's tag into buf: 1 taken, 0
- * none queued, DCOMM_EMISMATCH (comm broken) if its size or dtype differ. */
+/* (tcp_engine.c, which matches a receive's frame with it) Takes peer's
+ * oldest queued message with a's tag into buf: 1 taken, 0 none queued,
+ * DCOMM_EMISMATCH (comm broken) if its size or dtype differ. */
 int tcp_uq_take(struct tcp_comm *c, int peer, const struct dcomm_coll_args *a, void *buf);
 /* The probe op: see dcomm_plugin.h (called with the comm idle). */
 int tcp_p2p_probe(struct tcp_comm *c, int peer, int tag, double deadline, int *src, size_t *nbytes);

@@ -22,29 +22,6 @@ int tcp_p2p_send(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   return tcp_xfer(c, &op, 1, a);
 }
 
-int tcp_uq_take(struct tcp_comm *c, int peer, const struct dcomm_coll_args *a, void *buf) {
-  struct tcp_peer *p = &c->peers[peer];
-  size_t len = a->count * dcomm_dtype_size(a->dtype);
-  for (struct tcp_uq **pp = &p->uq_head, *prev = NULL; *pp; prev = *pp, pp = &(*pp)->next) {
-    struct tcp_uq *q = *pp;
-    if (q->hdr.root != a->tag) continue;
-    if (q->hdr.len != len || q->hdr.count != a->count || q->hdr.dtype != (uint8_t)a->dtype) {
-      char theirs[160], mine[160];
-      tcp_describe_args(theirs, sizeof(theirs), c->ctx->host, DCOMM_COLL_SEND, 0, q->hdr.count, q->hdr.dtype, 0, q->hdr.root);
-      tcp_describe_args(mine, sizeof(mine), c->ctx->host, DCOMM_COLL_RECV, 0, a->count, (int)a->dtype, 0, a->tag);
-      return tcp_fail(c, DCOMM_EMISMATCH, "tcp %s: mismatched calls: rank %d called %s but rank %d called %s", c->label,
-                      peer, theirs, c->rank, mine);
-    }
-    if (len) memcpy(buf, q->data, len);
-    *pp = q->next;
-    if (p->uq_tail == q) p->uq_tail = prev;
-    free(q->data);
-    free(q);
-    return 1;
-  }
-  return 0;
-}
-
 int tcp_p2p_recv(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   TCP_CHECK(tcp_broken(c));
   int rc = tcp_uq_take(c, a->root, a, a->recvbuf);

@@ -29,6 +29,34 @@
 #include "store_proto.h"
 #include "store_server_conn.h"
 
+/* ---- bounds and refusals (the loop applies them too) ---- */
+
+double dcomm__sv_frame_timeout(void) {
+  double t = dcomm__param_double(DCOMM_P_TIMEOUT);
+  return t < 10 ? 10 : t;
+}
+
+/* A refused or dropped connection: a warning, at most one a second. */
+void dcomm__sv_note_refusal(struct dcomm_store_server *srv, const char *fmt, ...) {
+  double now = dcomm__now();
+  if (now - srv->refusal_at < 1.0) {
+    srv->refusals_quiet++;
+    return;
+  }
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  if (srv->refusals_quiet)
+    DCOMM_LOG(WARN, STORE, "store server: %s (and %ld more refused or dropped in the second before)", msg,
+              srv->refusals_quiet);
+  else
+    DCOMM_LOG(WARN, STORE, "store server: %s", msg);
+  srv->refusal_at = now;
+  srv->refusals_quiet = 0;
+}
+
 /* ---- waiters ---- */
 
 static struct conn **wait_bucket(struct dcomm_store_server *srv, const char *key, size_t klen) {
@@ -194,6 +222,18 @@ static unsigned char *dup_bytes(const void *p, size_t n) {
   return d;
 }
 
+/* key = a copy of val, and the requests waiting for key are woken: 0, or
+ * -1 out of memory (the map unchanged). */
+static int put_copy(struct dcomm_store_server *srv, const char *key, size_t klen, const void *val, size_t vlen) {
+  unsigned char *v = dup_bytes(val, vlen);
+  if (!v || dcomm__kvmap_put(&srv->map, key, klen, v, vlen) < 0) {
+    free(v);
+    return -1;
+  }
+  wake_key(srv, key, klen);
+  return 0;
+}
+
 /* A key of a frame in a message (keys are not NUL-terminated there). */
 #define KEYFMT "'%.*s'"
 #define KEYARG(k, l) (int)((l) < 200 ? (l) : 200), (k)
@@ -206,12 +246,7 @@ static int do_set(struct dcomm_store_server *srv, struct rd *r) {
   size_t klen, vlen;
   RD(rd_key(r, &key, &klen));
   RD(rd_value(r, &val, &vlen));
-  unsigned char *v = dup_bytes(val, vlen);
-  if (!v || dcomm__kvmap_put(&srv->map, key, klen, v, vlen) < 0) {
-    free(v);
-    return dcomm__sv_answer_err(r->c, DCOMM_ENOMEM, 0, "out of memory");
-  }
-  wake_key(srv, key, klen);
+  if (put_copy(srv, key, klen, val, vlen) < 0) return dcomm__sv_answer_err(r->c, DCOMM_ENOMEM, 0, "out of memory");
   return answer_ok(r->c, NULL, 0, NULL, 0);
 }
 
@@ -254,12 +289,7 @@ static int do_add(struct dcomm_store_server *srv, struct rd *r) {
     return dcomm__sv_answer_err(r->c, DCOMM_EINVAL, 0, "add: " KEYFMT " would overflow int64", KEYARG(key, klen));
   char txt[32];
   int n = snprintf(txt, sizeof(txt), "%" PRId64, res);
-  unsigned char *v = dup_bytes(txt, (size_t)n);
-  if (!v || dcomm__kvmap_put(&srv->map, key, klen, v, (size_t)n) < 0) {
-    free(v);
-    return dcomm__sv_answer_err(r->c, DCOMM_ENOMEM, 0, "out of memory");
-  }
-  wake_key(srv, key, klen);
+  if (put_copy(srv, key, klen, txt, (size_t)n) < 0) return dcomm__sv_answer_err(r->c, DCOMM_ENOMEM, 0, "out of memory");
   unsigned char f[8];
   dcomm__store_put_u64(f, (uint64_t)res);
   return answer_ok(r->c, f, 8, NULL, 0);
@@ -281,12 +311,8 @@ static int do_cas(struct dcomm_store_server *srv, struct rd *r) {
   const unsigned char *cur = NULL;
   size_t clen = 0;
   if (match) {
-    unsigned char *v = dup_bytes(desired, dlen);
-    if (!v || dcomm__kvmap_put(&srv->map, key, klen, v, dlen) < 0) {
-      free(v);
+    if (put_copy(srv, key, klen, desired, dlen) < 0)
       return dcomm__sv_answer_err(r->c, DCOMM_ENOMEM, 0, "out of memory");
-    }
-    wake_key(srv, key, klen);
     cur = desired;
     clen = dlen;
   } else if (e) {

@@ -77,32 +77,6 @@
 /* Out of descriptors: accepting pauses this long instead of spinning. */
 #define ACCEPT_PAUSE 0.1
 
-double dcomm__sv_frame_timeout(void) {
-  double t = dcomm__param_double(DCOMM_P_TIMEOUT);
-  return t < 10 ? 10 : t;
-}
-
-/* A refused or dropped connection: a warning, at most one a second. */
-void dcomm__sv_note_refusal(struct dcomm_store_server *srv, const char *fmt, ...) {
-  double now = dcomm__now();
-  if (now - srv->refusal_at < 1.0) {
-    srv->refusals_quiet++;
-    return;
-  }
-  char msg[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof(msg), fmt, ap);
-  va_end(ap);
-  if (srv->refusals_quiet)
-    DCOMM_LOG(WARN, STORE, "store server: %s (and %ld more refused or dropped in the second before)", msg,
-              srv->refusals_quiet);
-  else
-    DCOMM_LOG(WARN, STORE, "store server: %s", msg);
-  srv->refusal_at = now;
-  srv->refusals_quiet = 0;
-}
-
 /* ---- the deadline heap (a binary min-heap of connections) ---- */
 
 static void heap_swap(struct dcomm_store_server *srv, size_t a, size_t b) {
