@@ -22,18 +22,28 @@
 
 #define STARTUP_GRACE_S 10.0 /* a worker without any heartbeat yet */
 
-/* A late heartbeat from a worker that spent at least this share of the time
- * waiting for a processor is the host's overload, not a hang ... */
+/* A late heartbeat (or a first heartbeat late after the start) from a
+ * worker that spent at least this share of the time waiting for a
+ * processor is the host's overload, not a hang ... */
 #define STARVED_SHARE 0.25
-/* ... until it is this many heartbeat timeouts old. */
+/* ... until it is this many times the limit old. */
 #define STARVED_MAX_TIMEOUTS 10
 
-/* 1 when worker w, whose last heartbeat is age s old, is hung. A worker
- * frozen by SIGSTOP, blocked, or whose watcher thread is stuck does not wait
- * in the run queue; one that 100 processes on 2 cores starve does. The
- * run-queue wait is sampled from half a second before the timeout on. */
-static int late_worker_hung(struct agent *a, struct run_worker *w, double age, double now) {
-  if (age <= a->hb_timeout - 0.5) {
+/* What a worker's silence of age s is, for the log. */
+static const char *silence(char *buf, size_t n, int first, double age) {
+  if (first) snprintf(buf, n, "it has sent no heartbeat in the %.1f s since its start", age);
+  else snprintf(buf, n, "its last heartbeat is %.1f s old", age);
+  return buf;
+}
+
+/* 1 when worker w, silent for age s, is hung: past limit (the heartbeat
+ * timeout; first: the start-up grace, no heartbeat yet). A worker frozen
+ * by SIGSTOP, blocked, or whose watcher thread is stuck does not wait in
+ * the run queue; one that 100 processes on 2 cores starve does (or four
+ * interpreters importing torch under a sanitizer). The run-queue wait is
+ * sampled from half a second before the limit on. */
+static int worker_hung(struct agent *a, struct run_worker *w, double age, double now, double limit, int first) {
+  if (age <= limit - 0.5) {
     w->late_t = 0;
     w->starved = w->starved_logged = 0;
     return 0;
@@ -55,20 +65,22 @@ static int late_worker_hung(struct agent *a, struct run_worker *w, double age, d
     double own_waited = own > w->late_own_wait ? (double)(own - w->late_own_wait) / 1e9 : 0.0;
     if (own_waited > waited) waited = own_waited;
     w->starved = waited >= STARVED_SHARE * span;
-    if (w->starved && !w->starved_logged && age > a->hb_timeout) {
-      run_log("worker %d (pid %d): its last heartbeat is %.1f s old, but it (or this agent, which carries its "
-              "heartbeats) waited for a processor %.0f%% of the last %.1f s: the host is overloaded, the worker is "
-              "not hung; it is killed if still silent at %.0f s",
-              w->rank, (int)w->pid, age, 100.0 * waited / span, span, STARVED_MAX_TIMEOUTS * a->hb_timeout);
+    if (w->starved && !w->starved_logged && age > limit) {
+      char what[96];
+      run_log("worker %d (pid %d): %s, but it (or this agent, which carries its heartbeats) waited for a processor "
+              "%.0f%% of the last %.1f s: the host is overloaded, the worker is not hung; it is killed if still "
+              "silent at %.0f s",
+              w->rank, (int)w->pid, silence(what, sizeof(what), first, age), 100.0 * waited / span, span,
+              STARVED_MAX_TIMEOUTS * limit);
       w->starved_logged = 1;
     }
     w->late_t = now;
     w->late_wait = wait;
     w->late_own_wait = own;
   }
-  if (age <= a->hb_timeout) return 0;
+  if (age <= limit) return 0;
   if (!known || stopped || w->starved == 0) return 1;
-  return w->starved > 0 && age > STARVED_MAX_TIMEOUTS * a->hb_timeout;
+  return w->starved > 0 && age > STARVED_MAX_TIMEOUTS * limit;
 }
 
 /* 1 when etcd does not take writes: then no worker can write its
@@ -100,7 +112,7 @@ void agent_heartbeat_check(struct agent *a) {
       /* While this agent was frozen, it could not take the heartbeats (it
        * hosts the store): they count from its return. */
       double age = wall - (t > a->resumed_at ? t : a->resumed_at);
-      if (late_worker_hung(a, w, age, now)) {
+      if (worker_hung(a, w, age, now, a->hb_timeout, 0)) {
         if (etcd_unwritable(a)) return;
         run_log("worker %d (pid %d) is hung: its last heartbeat is %.1f s old (DCOMM_HEARTBEAT_TIMEOUT %g s)%s; "
                 "killing it",
@@ -108,11 +120,11 @@ void agent_heartbeat_check(struct agent *a) {
         w->hung = 1;
         kill(w->pid, SIGKILL);
       }
-    } else if (a->hb_seen && now - w->spawn_t > STARTUP_GRACE_S) {
+    } else if (a->hb_seen && worker_hung(a, w, now - w->spawn_t, now, STARTUP_GRACE_S, 1)) {
       if (etcd_unwritable(a)) return;
       run_log("worker %d (pid %d) is hung: no heartbeat %.0f s after its start while the other workers send "
-              "theirs; killing it",
-              w->rank, (int)w->pid, STARTUP_GRACE_S);
+              "theirs%s; killing it",
+              w->rank, (int)w->pid, now - w->spawn_t, w->starved > 0 ? " although it waits for a processor" : "");
       w->hung = 1;
       kill(w->pid, SIGKILL);
     }

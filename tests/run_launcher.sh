@@ -204,4 +204,33 @@ else
   result 0 "# SKIP prompt finalize: dcomm-bench not built"
 fi
 
+
+# ---- 10: a worker that starts slowly because it waits for a processor
+# (it shares processor 0 with two spinning processes for 13 s before it
+# runs the program) is not killed at the 10 s start-up grace: the
+# starvation rule of late heartbeats covers the first one too ----
+if [ -x "$sgd" ] && command -v taskset >/dev/null; then
+  cat >"$T/slowstart.sh" <<EOF
+#!/usr/bin/env bash
+if [ "\$RANK" = 1 ]; then
+  taskset -pc 0 \$\$ >/dev/null
+  (while :; do :; done) & b1=\$!
+  (while :; do :; done) & b2=\$!
+  while [ \$SECONDS -lt 13 ]; do :; done
+  kill \$b1 \$b2
+fi
+exec "$sgd" --steps 30 --checkpoint-every 10 --checkpoint-dir "$T/ck10"
+EOF
+  chmod +x "$T/slowstart.sh"
+  run_job --nproc-per-node 2 -- "$T/slowstart.sh"
+  why=
+  [ "$rc" = 0 ] || why="exit status $rc"
+  grep -q "final step=30 world=2 generation=0 " "$T/out" || why="${why:+$why; }not finished by both ranks in generation 0"
+  grep -q "worker 1 (pid [0-9]*): it has sent no heartbeat in the [0-9.]* s since its start, but it .* waited for a processor" "$T/err" ||
+    why="${why:+$why; }the starved start was not logged"
+  ! grep -q "is hung" "$T/err" || why="${why:+$why; }$(grep -m1 'is hung' "$T/err")"
+  result "$([ -z "$why" ]; echo $?)" "a worker starved of processors while it starts is not killed at the 10 s start-up grace" "$why"
+else
+  result 0 "# SKIP starved start: examples/elastic_sgd or taskset missing"
+fi
 finish
