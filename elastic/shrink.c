@@ -54,9 +54,7 @@ static int shrink_one(struct dcomm_world *w, struct dcomm_group *g, void *old, c
   void *nc = NULL;
   int rc = DCOMM_BACKEND_OP(w->be, comm_shrink)(old, gone, ngone, &spec, &nc);
   if (rc < 0) return dcomm__err_ctx(rc, "shrinking the communicator of %s", g->label);
-  pthread_mutex_lock(&w->lock); /* the watcher aborts what it finds */
-  g->bcomm = nc;
-  pthread_mutex_unlock(&w->lock);
+  dcomm__group_set_comm(g, nc);
   return 0;
 }
 

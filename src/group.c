@@ -49,13 +49,18 @@ struct dcomm_comm_spec dcomm__group_spec(const struct dcomm_group *grp) {
                                   .label = grp->label};
 }
 
+void dcomm__group_set_comm(struct dcomm_group *grp, void *bcomm) {
+  pthread_mutex_lock(&dcomm__w.lock); /* the elastic watcher aborts what it finds */
+  grp->bcomm = bcomm;
+  pthread_mutex_unlock(&dcomm__w.lock);
+}
+
 int dcomm__group_connect(struct dcomm_group *grp) {
   struct dcomm_comm_spec spec = dcomm__group_spec(grp);
-  int rc = dcomm__w.be->comm_create(dcomm__w.be_ctx, &spec, &grp->bcomm);
-  if (rc < 0) {
-    grp->bcomm = NULL;
-    return dcomm__err_ctx(rc, "creating the communicator of %s", grp->label);
-  }
+  void *bc = NULL;
+  int rc = dcomm__w.be->comm_create(dcomm__w.be_ctx, &spec, &bc);
+  dcomm__group_set_comm(grp, rc < 0 ? NULL : bc);
+  if (rc < 0) return dcomm__err_ctx(rc, "creating the communicator of %s", grp->label);
   return 0;
 }
 
@@ -73,9 +78,10 @@ static int group_attach(struct dcomm_group *grp, struct dcomm_group *parent, int
   int (*split)(void *, int, const struct dcomm_comm_spec *, void **) = DCOMM_BACKEND_OP(dcomm__w.be, comm_split);
   if (split && parent && parent->bcomm) {
     struct dcomm_comm_spec spec = dcomm__group_spec(grp);
-    int rc = split(parent->bcomm, grp->is_member ? color : -1, grp->is_member ? &spec : NULL, &grp->bcomm);
+    void *bc = NULL;
+    int rc = split(parent->bcomm, grp->is_member ? color : -1, grp->is_member ? &spec : NULL, &bc);
+    dcomm__group_set_comm(grp, rc == 0 ? bc : NULL);
     if (rc == 0) return 0;
-    grp->bcomm = NULL;
     if (rc != DCOMM_ENOTSUP) return dcomm__err_ctx(rc, "splitting the communicator of %s from %s", grp->label, parent->label);
     DCOMM_LOG(DEBUG, GROUP, "%s: no split from %s (%s): a new communicator", grp->label, parent->label, dcomm_last_error());
   }

@@ -105,6 +105,9 @@ int dcomm__group_resolve(dcomm_group_t g, const char *call, struct dcomm_group *
 /* What the backend gets for a filled-in group's communicator (members
  * only): comm_create's and comm_shrink's spec. */
 struct dcomm_comm_spec dcomm__group_spec(const struct dcomm_group *grp);
+/* Sets grp's communicator under the world lock, which the elastic
+ * watcher holds while it aborts every communicator it finds. */
+void dcomm__group_set_comm(struct dcomm_group *grp, void *bcomm);
 /* Creates the backend communicator for a filled-in group (members only). */
 int dcomm__group_connect(struct dcomm_group *grp);
 void dcomm__group_release(struct dcomm_group *grp);
