@@ -1276,13 +1276,18 @@ START_TEST(test_crash_kill_random) {
       /* Anywhere from the child's start to past its first commit. */
       delay = cycle * 1.2 * (double)rand() / RAND_MAX + jitter;
     } else {
-      /* After its first commit, somewhere within the next write. */
+      /* After its first commit, within the next write: once its temporary
+       * file is there (the fill and checksum before it can be most of the
+       * cycle in a sanitizer build), within 5 ms. */
       uint64_t s;
       struct pollfd p = {pfd[0], POLLIN, 0};
       ck_assert_msg(poll(&p, 1, 20000) == 1, "crash writer made no progress in 20 s");
       ck_assert_msg(read(pfd[0], &s, sizeof(s)) == (ssize_t)sizeof(s), "crash writer died before its first commit");
       last_committed = s;
-      delay = cycle * (double)rand() / RAND_MAX + jitter;
+      int nc, nt = 0;
+      for (double until = now_s() + 2 * cycle + 1; nt == 0 && now_s() < until; sleep_s(0.0005))
+        count_files(dir, &nc, &nt);
+      delay = jitter;
     }
     sleep_s(delay);
     kill(pid, SIGKILL);
