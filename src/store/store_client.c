@@ -206,48 +206,54 @@ static double io_deadline(double op_timeout) {
 
 /* ---- ops ---- */
 
+/* A request's frame starts with its command; the handle's lock is held
+ * from here to request_end, whatever the outcome. */
+static int request_begin(struct tcp_store *t, struct frame *f, uint8_t cmd) {
+  frame_init(f);
+  pthread_mutex_lock(&t->mu);
+  DCOMM_CHECK(check_usable(t));
+  frame_u8(f, cmd);
+  return 0;
+}
+
+/* Sends the request (and a value too large to copy into it), reads the
+ * answer's status; what follows the status is the op's to read. */
+static int request_send(struct tcp_store *t, const struct frame *f, const void *tail, size_t tlen, const char *op,
+                        double dl) {
+  DCOMM_CHECK(send_request(t, f, tail, tlen, dl));
+  return recv_status(t, op, dl);
+}
+
+static int request_end(struct tcp_store *t, struct frame *f, int rc) {
+  pthread_mutex_unlock(&t->mu);
+  frame_free(f);
+  return rc;
+}
+
 static int tcp_set(struct dcomm_store *s, const char *key, const void *val, size_t len) {
   struct tcp_store *t = (struct tcp_store *)s;
   struct frame f;
-  int rc;
-  frame_init(&f);
-  pthread_mutex_lock(&t->mu);
-  if ((rc = check_usable(t)) < 0) goto out;
-  if ((rc = frame_reserve(&f, 1)) < 0) goto out;
-  frame_u8(&f, DCOMM_STORE_CMD_SET);
-  if ((rc = frame_key(&f, key)) < 0) goto out;
-  int inl = len <= INLINE_VALUE;
+  int rc, inl = len <= INLINE_VALUE;
+  if ((rc = request_begin(t, &f, DCOMM_STORE_CMD_SET)) < 0 || (rc = frame_key(&f, key)) < 0) goto out;
   if (inl) rc = frame_str(&f, val, len);
   else if ((rc = frame_reserve(&f, 4)) == 0) frame_u32(&f, (uint32_t)len);
-  if (rc < 0) goto out;
-  double dl = io_deadline(t->base.timeout);
-  if ((rc = send_request(t, &f, inl ? NULL : val, inl ? 0 : len, dl)) < 0) goto out;
-  rc = recv_status(t, "set", dl);
+  if (rc == 0) rc = request_send(t, &f, inl ? NULL : val, inl ? 0 : len, "set", io_deadline(t->base.timeout));
 out:
-  pthread_mutex_unlock(&t->mu);
-  frame_free(&f);
-  return rc;
+  return request_end(t, &f, rc);
 }
 
 static int tcp_get(struct dcomm_store *s, const char *key, double timeout, void **val, size_t *len) {
   struct tcp_store *t = (struct tcp_store *)s;
   struct frame f;
   int rc;
-  frame_init(&f);
-  pthread_mutex_lock(&t->mu);
-  if ((rc = check_usable(t)) < 0) goto out;
-  frame_u8(&f, DCOMM_STORE_CMD_GET);
-  if ((rc = frame_key(&f, key)) < 0) goto out;
-  if ((rc = frame_reserve(&f, 8)) < 0) goto out;
-  frame_u64(&f, dcomm__store_timeout_ms(timeout));
   double dl = io_deadline(timeout);
-  if ((rc = send_request(t, &f, NULL, 0, dl)) < 0) goto out;
-  if ((rc = recv_status(t, "get", dl)) < 0) goto out;
-  rc = recv_value(t, val, len, dl);
+  if ((rc = request_begin(t, &f, DCOMM_STORE_CMD_GET)) < 0 || (rc = frame_key(&f, key)) < 0 ||
+      (rc = frame_reserve(&f, 8)) < 0)
+    goto out;
+  frame_u64(&f, dcomm__store_timeout_ms(timeout));
+  if ((rc = request_send(t, &f, NULL, 0, "get", dl)) == 0) rc = recv_value(t, val, len, dl);
 out:
-  pthread_mutex_unlock(&t->mu);
-  frame_free(&f);
-  return rc;
+  return request_end(t, &f, rc);
 }
 
 static int tcp_add(struct dcomm_store *s, const char *key, int64_t delta, int64_t *result) {
@@ -255,22 +261,15 @@ static int tcp_add(struct dcomm_store *s, const char *key, int64_t delta, int64_
   struct frame f;
   unsigned char b[8];
   int rc;
-  frame_init(&f);
-  pthread_mutex_lock(&t->mu);
-  if ((rc = check_usable(t)) < 0) goto out;
-  frame_u8(&f, DCOMM_STORE_CMD_ADD);
-  if ((rc = frame_key(&f, key)) < 0) goto out;
-  if ((rc = frame_reserve(&f, 8)) < 0) goto out;
-  frame_u64(&f, (uint64_t)delta);
   double dl = io_deadline(t->base.timeout);
-  if ((rc = send_request(t, &f, NULL, 0, dl)) < 0) goto out;
-  if ((rc = recv_status(t, "add", dl)) < 0) goto out;
-  if ((rc = recv_fixed(t, b, 8, dl)) < 0) goto out;
+  if ((rc = request_begin(t, &f, DCOMM_STORE_CMD_ADD)) < 0 || (rc = frame_key(&f, key)) < 0 ||
+      (rc = frame_reserve(&f, 8)) < 0)
+    goto out;
+  frame_u64(&f, (uint64_t)delta);
+  if ((rc = request_send(t, &f, NULL, 0, "add", dl)) < 0 || (rc = recv_fixed(t, b, 8, dl)) < 0) goto out;
   *result = (int64_t)dcomm__store_get_u64(b);
 out:
-  pthread_mutex_unlock(&t->mu);
-  frame_free(&f);
-  return rc;
+  return request_end(t, &f, rc);
 }
 
 static int tcp_compare_set(struct dcomm_store *s, const char *key, const void *expected, size_t elen,
@@ -278,25 +277,20 @@ static int tcp_compare_set(struct dcomm_store *s, const char *key, const void *e
   struct tcp_store *t = (struct tcp_store *)s;
   struct frame f;
   unsigned char present;
-  int rc;
-  frame_init(&f);
-  *current = NULL;
-  *clen = 0;
-  pthread_mutex_lock(&t->mu);
-  if ((rc = check_usable(t)) < 0) goto out;
-  frame_u8(&f, DCOMM_STORE_CMD_CAS);
-  if ((rc = frame_key(&f, key)) < 0) goto out;
-  if ((rc = frame_reserve(&f, 1)) < 0) goto out;
-  frame_u8(&f, expected ? 1 : 0);
-  if ((rc = frame_str(&f, expected, expected ? elen : 0)) < 0) goto out;
-  if ((rc = frame_str(&f, desired, dlen)) < 0) goto out;
-  double dl = io_deadline(t->base.timeout);
-  if ((rc = send_request(t, &f, NULL, 0, dl)) < 0) goto out;
-  if ((rc = recv_status(t, "compare_set", dl)) < 0) goto out;
-  if ((rc = recv_fixed(t, &present, 1, dl)) < 0) goto out;
   void *v = NULL;
   size_t n = 0;
-  if ((rc = recv_value(t, &v, &n, dl)) < 0) goto out;
+  int rc;
+  double dl = io_deadline(t->base.timeout);
+  *current = NULL;
+  *clen = 0;
+  if ((rc = request_begin(t, &f, DCOMM_STORE_CMD_CAS)) < 0 || (rc = frame_key(&f, key)) < 0 ||
+      (rc = frame_reserve(&f, 1)) < 0)
+    goto out;
+  frame_u8(&f, expected ? 1 : 0);
+  if ((rc = frame_str(&f, expected, expected ? elen : 0)) < 0 || (rc = frame_str(&f, desired, dlen)) < 0 ||
+      (rc = request_send(t, &f, NULL, 0, "compare_set", dl)) < 0 || (rc = recv_fixed(t, &present, 1, dl)) < 0 ||
+      (rc = recv_value(t, &v, &n, dl)) < 0)
+    goto out;
   if (present) {
     *current = v;
     *clen = n;
@@ -304,34 +298,25 @@ static int tcp_compare_set(struct dcomm_store *s, const char *key, const void *e
     free(v); /* key absent: *current stays NULL */
   }
 out:
-  pthread_mutex_unlock(&t->mu);
-  frame_free(&f);
-  return rc;
+  return request_end(t, &f, rc);
 }
 
 static int tcp_wait(struct dcomm_store *s, const char *const *keys, int n, double timeout) {
   struct tcp_store *t = (struct tcp_store *)s;
   struct frame f;
   int rc;
-  frame_init(&f);
-  pthread_mutex_lock(&t->mu);
-  if ((rc = check_usable(t)) < 0) goto out;
+  if ((rc = request_begin(t, &f, DCOMM_STORE_CMD_WAIT)) < 0) goto out;
   if (n < 0 || n > DCOMM_STORE_MAX_WAIT_KEYS) {
     rc = dcomm__err(DCOMM_EINVAL, "store wait: %d keys (at most %d)", n, DCOMM_STORE_MAX_WAIT_KEYS);
     goto out;
   }
-  frame_u8(&f, DCOMM_STORE_CMD_WAIT);
   frame_u64(&f, dcomm__store_timeout_ms(timeout));
   frame_u32(&f, (uint32_t)n);
   for (int i = 0; i < n; i++)
     if ((rc = frame_key(&f, keys[i])) < 0) goto out;
-  double dl = io_deadline(timeout);
-  if ((rc = send_request(t, &f, NULL, 0, dl)) < 0) goto out;
-  rc = recv_status(t, "wait", dl);
+  rc = request_send(t, &f, NULL, 0, "wait", io_deadline(timeout));
 out:
-  pthread_mutex_unlock(&t->mu);
-  frame_free(&f);
-  return rc;
+  return request_end(t, &f, rc);
 }
 
 static int tcp_txn(struct dcomm_store *s, const struct dcomm_store_cmp *cmps, int ncmp,
@@ -340,32 +325,22 @@ static int tcp_txn(struct dcomm_store *s, const struct dcomm_store_cmp *cmps, in
   struct frame f;
   unsigned char b;
   int rc;
-  frame_init(&f);
-  pthread_mutex_lock(&t->mu);
-  if ((rc = check_usable(t)) < 0) goto out;
-  frame_u8(&f, DCOMM_STORE_CMD_TXN);
+  double dl = io_deadline(t->base.timeout);
+  if ((rc = request_begin(t, &f, DCOMM_STORE_CMD_TXN)) < 0) goto out;
   frame_u8(&f, (uint8_t)ncmp);
   for (int i = 0; i < ncmp; i++) {
     if ((rc = frame_reserve(&f, 1)) < 0) goto out;
     frame_u8(&f, (uint8_t)cmps[i].kind);
-    if ((rc = frame_key(&f, cmps[i].key)) < 0) goto out;
-    if ((rc = frame_str(&f, cmps[i].val, cmps[i].len)) < 0) goto out;
+    if ((rc = frame_key(&f, cmps[i].key)) < 0 || (rc = frame_str(&f, cmps[i].val, cmps[i].len)) < 0) goto out;
   }
   if ((rc = frame_reserve(&f, 1)) < 0) goto out;
   frame_u8(&f, (uint8_t)nput);
-  for (int i = 0; i < nput; i++) {
-    if ((rc = frame_key(&f, puts[i].key)) < 0) goto out;
-    if ((rc = frame_str(&f, puts[i].val, puts[i].len)) < 0) goto out;
-  }
-  double dl = io_deadline(t->base.timeout);
-  if ((rc = send_request(t, &f, NULL, 0, dl)) < 0) goto out;
-  if ((rc = recv_status(t, "txn", dl)) < 0) goto out;
-  if ((rc = recv_fixed(t, &b, 1, dl)) < 0) goto out;
+  for (int i = 0; i < nput; i++)
+    if ((rc = frame_key(&f, puts[i].key)) < 0 || (rc = frame_str(&f, puts[i].val, puts[i].len)) < 0) goto out;
+  if ((rc = request_send(t, &f, NULL, 0, "txn", dl)) < 0 || (rc = recv_fixed(t, &b, 1, dl)) < 0) goto out;
   *done = b != 0;
 out:
-  pthread_mutex_unlock(&t->mu);
-  frame_free(&f);
-  return rc;
+  return request_end(t, &f, rc);
 }
 
 static int tcp_del(struct dcomm_store *s, const char *key, int *existed) {
@@ -373,20 +348,13 @@ static int tcp_del(struct dcomm_store *s, const char *key, int *existed) {
   struct frame f;
   unsigned char b;
   int rc;
-  frame_init(&f);
-  pthread_mutex_lock(&t->mu);
-  if ((rc = check_usable(t)) < 0) goto out;
-  frame_u8(&f, DCOMM_STORE_CMD_DEL);
-  if ((rc = frame_key(&f, key)) < 0) goto out;
   double dl = io_deadline(t->base.timeout);
-  if ((rc = send_request(t, &f, NULL, 0, dl)) < 0) goto out;
-  if ((rc = recv_status(t, "delete", dl)) < 0) goto out;
-  if ((rc = recv_fixed(t, &b, 1, dl)) < 0) goto out;
+  if ((rc = request_begin(t, &f, DCOMM_STORE_CMD_DEL)) < 0 || (rc = frame_key(&f, key)) < 0 ||
+      (rc = request_send(t, &f, NULL, 0, "delete", dl)) < 0 || (rc = recv_fixed(t, &b, 1, dl)) < 0)
+    goto out;
   *existed = b != 0;
 out:
-  pthread_mutex_unlock(&t->mu);
-  frame_free(&f);
-  return rc;
+  return request_end(t, &f, rc);
 }
 
 static void tcp_close(struct dcomm_store *s) {
