@@ -368,6 +368,68 @@ START_TEST(test_cma_probe) {
 }
 END_TEST
 
+/* ---- which ranks share this rank's processors (tcp_cpus.c) ---- */
+
+static int no_log(int level, int subsys) {
+  (void)level;
+  (void)subsys;
+  return 0;
+}
+
+/* A host of world_size ranks, this one on processors "mine", the others'
+ * lists in cpus[] ("" for a rank that published none), every rank on this
+ * host except those whose cpus entry is NULL (another host). */
+static int sharing_decision(const char *mine, const char **cpus, int n) {
+  struct dcomm_host h = {.size = sizeof(h), .world_size = n, .log_enabled = no_log};
+  struct tcp_ctx ctx = {.host = &h};
+  struct tcp_addr addrs[8];
+  memset(addrs, 0, sizeof(addrs));
+  snprintf(ctx.host_id, sizeof(ctx.host_id), "host-a");
+  ck_assert_int_eq(tcp_cpus_parse(mine, &ctx.cpus), 0);
+  for (int r = 0; r < n; r++) {
+    snprintf(addrs[r].host, sizeof(addrs[r].host), "%s", cpus[r] ? "host-a" : "host-b");
+    snprintf(addrs[r].cpus, sizeof(addrs[r].cpus), "%s", cpus[r] ? cpus[r] : "0-63");
+  }
+  ctx.addrs = addrs;
+  return tcp_oversubscribed(&ctx);
+}
+
+/* A launcher that binds every rank to a processor of its own (dcomm-run's
+ * and mpirun's default) is not oversubscription: each rank has one
+ * processor and no one to share it with, and spins before it yields
+ * (yielding at once cost 1.2 us per wait on a virtual machine). Two ranks
+ * bound to one processor, or more unbound ranks than processors, are. */
+START_TEST(test_cpu_sharing) {
+  ck_assert_int_eq(sharing_decision("0", (const char *[]){"0", "1"}, 2), 0);
+  ck_assert_int_eq(sharing_decision("0", (const char *[]){"0", "1", "0", "1"}, 4), 1);
+  ck_assert_int_eq(sharing_decision("0-1", (const char *[]){"0-1", "0-1"}, 2), 0);
+  ck_assert_int_eq(sharing_decision("0-1", (const char *[]){"0-1", "0-1", "0-1"}, 3), 1);
+  ck_assert_int_eq(sharing_decision("0", (const char *[]){"0", "0"}, 2), 1);
+  /* ranks of another host share nothing; one that published nothing shares */
+  ck_assert_int_eq(sharing_decision("0", (const char *[]){"0", NULL, NULL}, 3), 0);
+  ck_assert_int_eq(sharing_decision("0", (const char *[]){"0", ""}, 2), 1);
+  /* the list's text both ways, and what does not parse */
+  cpu_set_t set, back;
+  CPU_ZERO(&set);
+  for (int c = 0; c < 4; c++) CPU_SET(c, &set);
+  CPU_SET(8, &set);
+  CPU_SET(10, &set);
+  CPU_SET(11, &set);
+  char buf[TCP_CPUS_LEN];
+  ck_assert_int_eq(tcp_cpus_format(&set, buf, sizeof(buf)), 0);
+  ck_assert_str_eq(buf, "0-3,8,10-11");
+  ck_assert_int_eq(tcp_cpus_parse(buf, &back), 0);
+  ck_assert(CPU_EQUAL(&set, &back));
+  CPU_ZERO(&set);
+  for (int c = 0; c < 200; c += 2) CPU_SET(c, &set);
+  ck_assert_int_eq(tcp_cpus_format(&set, buf, sizeof(buf)), -1);
+  ck_assert_str_eq(buf, "");
+  const char *bad[] = {"", "x", "3-1", "1,", "-1", "1-", "99999"};
+  for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++)
+    ck_assert_msg(tcp_cpus_parse(bad[i], &back) == -1, "'%s' parsed", bad[i]);
+}
+END_TEST
+
 /* ---- bitwise reductions ---- */
 
 /* Element k of rank r: random-looking bits over the whole width. */
@@ -649,6 +711,7 @@ int main(void) {
   tcase_add_test(tc, test_barrier);
   tcase_add_loop_test(tc, test_transport, 0, 6);
   tcase_add_test(tc, test_cma_probe);
+  tcase_add_test(tc, test_cpu_sharing);
   suite_add_tcase(s, tc);
   tc = tcase_create("bitwise_alltoallv");
   tcase_set_timeout(tc, 200);

@@ -15,6 +15,7 @@
 #define DCOMM_TCP_H
 
 #include <poll.h>
+#include <sched.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -63,6 +64,7 @@ enum tcp_ar_algo { TCP_AR_AUTO = 0, TCP_AR_RING, TCP_AR_RD };
 enum tcp_bcast_algo { TCP_BCAST_AUTO = 0, TCP_BCAST_TREE, TCP_BCAST_PIPELINE };
 enum tcp_transport { TCP_TR_AUTO = 0, TCP_TR_SHM, TCP_TR_TCP };
 #define TCP_HOST_ID_LEN 112
+#define TCP_CPUS_LEN 64
 
 struct tcp_peer {
   int fd;
@@ -98,6 +100,7 @@ struct tcp_parked {
 struct tcp_addr {
   char addr[80];              /* "ip:port" */
   char host[TCP_HOST_ID_LEN]; /* host identity: boot id / host name */
+  char cpus[TCP_CPUS_LEN];    /* its processors, a CPU list ("" unknown) */
 };
 
 struct tcp_ctx {
@@ -113,8 +116,10 @@ struct tcp_ctx {
   int transport;    /* enum tcp_transport */
   size_t shm_ring;  /* bytes per direction of a shm link, at most */
   size_t shm_budget; /* bytes the rings of one comm may take on a host */
-  int ncpu;         /* processors this process may run on */
-  int local_ranks;  /* world ranks on this host (counted on first use) */
+  cpu_set_t cpus;   /* processors this process may run on */
+  int ncpu;         /* how many */
+  int sharing;      /* ranks of this host that may run on them (0: not counted yet) */
+  int sharing_cpus; /* processors those ranks may run on */
 };
 
 /* The settings whose best value depends on the machine (dcomm-bench
@@ -207,9 +212,17 @@ int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_
 int tcp_broken(struct tcp_comm *c);
 /* Room for need entries in the comm's poll set (c->pf, c->pf_who). */
 int tcp_pf_reserve(struct tcp_comm *c, int need);
-/* Whether this host runs more ranks of the job than this process has
- * processors (a spinning rank may hold the processor its peer needs). */
+/* tcp_cpus.c: this rank's processors (at init) and a CPU list's text
+ * ("0-3,8": -1 when it does not fit, or does not parse). */
+void tcp_cpus_own(struct tcp_ctx *ctx);
+int tcp_cpus_format(const cpu_set_t *set, char *buf, size_t len);
+int tcp_cpus_parse(const char *s, cpu_set_t *set);
+/* Whether the ranks of this host that may run on this rank's processors
+ * outnumber those processors (a spinning rank may hold the processor its
+ * peer needs); counted once from the directory, again after
+ * tcp_cpus_forget (the world was renumbered). */
 int tcp_oversubscribed(struct tcp_ctx *ctx);
+void tcp_cpus_forget(struct tcp_ctx *ctx);
 /* A waiting rank that finds nothing pauses this long before it yields. */
 #define TCP_PAUSE_SPIN 5e-6
 static inline void tcp_cpu_relax(void) {

@@ -110,8 +110,7 @@ static int tcp_init(const struct dcomm_host *host, void **out) {
   }
   ctx->shm_ring = tcp_shm_ring_size(param_size(host, "DCOMM_SHM_RING_SIZE", 1048576));
   ctx->shm_budget = param_size(host, "DCOMM_SHM_HOST_BUDGET", (size_t)1 << 28);
-  cpu_set_t cpus;
-  ctx->ncpu = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  tcp_cpus_own(ctx);
   tcp_host_id(ctx->host_id, sizeof(ctx->host_id));
   rc = tcp_listen_and_publish(ctx);
   if (rc < 0) {

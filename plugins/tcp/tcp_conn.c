@@ -40,14 +40,19 @@ struct shm_answer {
   int32_t ok;
 };
 
-/* This process's directory entry: "ip:port" NUL host-id NUL. */
+/* This process's directory entry: "ip:port" NUL host-id NUL cpu-list NUL
+ * (the list empty when it does not fit: see tcp_cpus.c). */
 static int own_entry(struct tcp_ctx *ctx, char *val, size_t *len) {
   const struct dcomm_host *h = ctx->host;
   if (strchr(h->listen_ip, ':')) snprintf(val, 80, "[%s]:%d", h->listen_ip, ctx->port);
   else snprintf(val, 80, "%s:%d", h->listen_ip, ctx->port);
   size_t al = strlen(val) + 1, hl = strlen(ctx->host_id) + 1;
   memcpy(val + al, ctx->host_id, hl);
-  *len = al + hl;
+  char cpus[TCP_CPUS_LEN];
+  (void)tcp_cpus_format(&ctx->cpus, cpus, sizeof(cpus));
+  size_t cl = strlen(cpus) + 1;
+  memcpy(val + al + hl, cpus, cl);
+  *len = al + hl + cl;
   return 0;
 }
 
@@ -96,14 +101,17 @@ static int load_addrs(struct tcp_ctx *ctx, double deadline) {
     const char *val = (const char *)all + a;
     size_t len = (size_t)(b - a);
     size_t al = len ? strnlen(val, len) + 1 : 0;
-    if (len == 0 || al > sizeof(ctx->addrs[r].addr) || len - al > sizeof(ctx->addrs[r].host) || val[len - 1]) {
+    size_t hl = len > al ? strnlen(val + al, len - al) + 1 : 0, cl = len - al - hl;
+    if (len == 0 || val[len - 1] || al > sizeof(ctx->addrs[r].addr) || hl > sizeof(ctx->addrs[r].host) ||
+        cl > sizeof(ctx->addrs[r].cpus)) {
       free(all);
       free(ctx->addrs);
       ctx->addrs = NULL;
       return h->err(DCOMM_EPROTO, "tcp: malformed address for world rank %d in the store", r);
     }
     memcpy(ctx->addrs[r].addr, val, al);
-    if (len > al) memcpy(ctx->addrs[r].host, val + al, len - al);
+    memcpy(ctx->addrs[r].host, val + al, hl);
+    memcpy(ctx->addrs[r].cpus, val + al + hl, cl);
   }
   free(all);
   return 0;

@@ -402,16 +402,6 @@ static int step_op(struct tcp_comm *c, struct tcp_xop *op, const struct dcomm_co
   return op->done != before || op->hdr_ok != hdr;
 }
 
-/* Whether this host runs more ranks of the job than this process has
- * processors: then the rank a spinning rank waits for may need its CPU. */
-int tcp_oversubscribed(struct tcp_ctx *ctx) {
-  if (!ctx->local_ranks) {
-    for (int r = 0; r < ctx->host->world_size; r++) ctx->local_ranks += !strcmp(ctx->addrs[r].host, ctx->host_id);
-    if (!ctx->local_ranks) ctx->local_ranks = 1;
-  }
-  return ctx->local_ranks > ctx->ncpu;
-}
-
 /* Polls the rings of the pending shared-memory ops (no system call)
  * until they stall for DCOMM_SHM_SPIN (1: time to sleep) or for at most
  * 2 ms while they still move (0: look at the sockets, do not sleep). A

@@ -71,6 +71,7 @@ static int renumber_addrs(struct tcp_comm *p, const char *keep, const struct dco
   free(ctx->addrs);
   ctx->addrs = na;
   ctx->addrs_comm = spec->comm_id;
+  tcp_cpus_forget(ctx);
   return 0;
 }
 
