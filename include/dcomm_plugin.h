@@ -129,6 +129,9 @@ struct dcomm_host {
    * instead of waiting out its deadline. store_get, store_allgather and
    * sock_connect already end their waits by it. */
   int (*creation_cancelled)(void);
+  /* Added later (present when size covers it): reduce out of place,
+   * dst[i] = a[i] (op) b[i]; dst may be a, not b. */
+  void (*reduce3)(void *dst, const void *a, const void *b, size_t count, dcomm_dtype_t dt, dcomm_op_t op);
 };
 
 struct dcomm_backend_v1 {

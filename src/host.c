@@ -126,6 +126,7 @@ void dcomm__host_fill(struct dcomm_world *w) {
   h->store_allgather = host_store_allgather;
   h->creation_cancelled = host_cancelled;
   h->reduce = dcomm__reduce;
+  h->reduce3 = dcomm__reduce3;
   h->scale_div = dcomm__scale_div;
   h->dtype_name = dcomm__dtype_name;
   h->op_name = dcomm__op_name;

@@ -189,6 +189,9 @@ struct tcp_xop {
   int peer;
   int is_send;
   int reduce;         /* receive: reduce into buf instead of copying */
+  const void *racc;   /* reducing receive: rbuf = racc (op) data, racc left
+                       * as it is (NULL: rbuf's own contents); rbuf may be
+                       * racc */
   const void *sbuf;   /* send payload */
   void *rbuf;         /* receive destination */
   size_t len;         /* payload bytes */

@@ -53,24 +53,37 @@ static int send1(struct tcp_comm *c, const struct dcomm_coll_args *a, int to, co
   return tcp_xfer(c, &op, 1, a);
 }
 
-static int recv1(struct tcp_comm *c, const struct dcomm_coll_args *a, int from, void *buf, size_t len, int reduce) {
-  struct tcp_xop op = {.peer = from, .rbuf = buf, .len = len, .reduce = reduce};
+/* A receive into buf; reducing, buf = acc (op) data when acc is given
+ * (no copy of acc into buf first), else buf (op)= data. */
+static int recv_acc(struct tcp_comm *c, const struct dcomm_coll_args *a, int from, void *buf, size_t len, int reduce,
+                    const void *acc) {
+  struct tcp_xop op = {.peer = from, .rbuf = buf, .len = len, .reduce = reduce, .racc = acc};
   return tcp_xfer(c, &op, 1, a);
 }
 
-/* Sends to one peer while receiving from another (or the same). A send
- * that completes alone (room in a shared-memory ring) goes first and the
- * receive follows as a step of its own: the same bytes move, without a
- * two-op wait (at 2 ranks, 64 B all_gather 1.7-1.9 -> 1.4 us). */
-static int exchange(struct tcp_comm *c, const struct dcomm_coll_args *a, int to, const void *sbuf, size_t slen,
-                    int from, void *rbuf, size_t rlen, int flags) {
+static int recv1(struct tcp_comm *c, const struct dcomm_coll_args *a, int from, void *buf, size_t len, int reduce) {
+  return recv_acc(c, a, from, buf, len, reduce, NULL);
+}
+
+/* Sends to one peer while receiving from another (or the same), the
+ * receive as recv_acc's. A send that completes alone (room in a
+ * shared-memory ring) goes first and the receive follows as a step of its
+ * own: the same bytes move, without a two-op wait (at 2 ranks, 64 B
+ * all_gather 1.7-1.9 -> 1.4 us). */
+static int exchange_acc(struct tcp_comm *c, const struct dcomm_coll_args *a, int to, const void *sbuf, size_t slen,
+                        int from, void *rbuf, size_t rlen, int flags, const void *acc) {
   if (tcp_sends_now(c, to, slen, !!(flags & XF_FWD))) {
     TCP_CHECK(send1(c, a, to, sbuf, slen, !!(flags & XF_FWD)));
-    return recv1(c, a, from, rbuf, rlen, !!(flags & XF_REDUCE));
+    return recv_acc(c, a, from, rbuf, rlen, !!(flags & XF_REDUCE), acc);
   }
   struct tcp_xop ops[2] = {{.peer = to, .is_send = 1, .sbuf = sbuf, .len = slen, .fwd = !!(flags & XF_FWD)},
-                           {.peer = from, .rbuf = rbuf, .len = rlen, .reduce = !!(flags & XF_REDUCE)}};
+                           {.peer = from, .rbuf = rbuf, .len = rlen, .reduce = !!(flags & XF_REDUCE), .racc = acc}};
   return tcp_xfer(c, ops, 2, a);
+}
+
+static int exchange(struct tcp_comm *c, const struct dcomm_coll_args *a, int to, const void *sbuf, size_t slen,
+                    int from, void *rbuf, size_t rlen, int flags) {
+  return exchange_acc(c, a, to, sbuf, slen, from, rbuf, rlen, flags, NULL);
 }
 
 static int oom(struct tcp_comm *c) { return tcp_fail(c, DCOMM_ENOMEM, "tcp %s: out of memory for scratch", c->label); }
@@ -171,13 +184,14 @@ static int reduce_tree(struct tcp_comm *c, const struct dcomm_coll_args *a) {
       return send1(c, a, mod(vr - mask + a->root, n), copied ? acc : a->recvbuf, len, copied);
     }
     if (vr + mask < n) {
-      if (vr != 0 && !copied) { /* a non-root must leave its buffer as it was */
+      const void *from = NULL;
+      if (vr != 0 && !copied) { /* a non-root leaves its buffer as it was: the first sum goes to scratch */
         acc = tcp_scratch(c, len ? len : 1);
         if (!acc) return oom(c);
-        memcpy(acc, a->recvbuf, len);
+        from = a->recvbuf;
         copied = 1;
       }
-      TCP_CHECK(recv1(c, a, mod(vr + mask + a->root, n), acc, len, 1));
+      TCP_CHECK(recv_acc(c, a, mod(vr + mask + a->root, n), acc, len, 1, from));
     }
   }
   finish_avg(c, a, a->recvbuf, a->count);
@@ -315,9 +329,10 @@ static int overlaps(const void *a, size_t al, const void *b, size_t bl) {
   return (const char *)a < (const char *)b + bl && (const char *)b < (const char *)a + al;
 }
 
-/* Ring: at step s a rank sends the partial sum of block r-s-1 and reduces
- * block r-s-2 into an accumulator preloaded with its own contribution;
- * the last step reduces block r straight into recvbuf. */
+/* Ring: at step s a rank sends the partial sum of block r-s-1 and sums
+ * its own contribution to block r-s-2 with the one received into an
+ * accumulator (out of place: the input is never copied); the last step
+ * sums block r straight into recvbuf. */
 static int reduce_scatter(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   size_t es = dcomm_dtype_size(a->dtype), blen = a->count * es;
   int n = c->size, r = c->rank;
@@ -342,8 +357,8 @@ static int reduce_scatter(struct tcp_comm *c, const struct dcomm_coll_args *a) {
     int sb = mod(r - s - 1, n), rb = mod(r - s - 2, n);
     const char *src = s == 0 ? in + (size_t)sb * blen : prev;
     char *acc = s == n - 2 ? (char *)a->recvbuf : tmp + (size_t)(s % 2) * blen;
-    memcpy(acc, in + (size_t)rb * blen, blen);
-    TCP_CHECK(exchange(c, a, mod(r + 1, n), src, blen, mod(r - 1, n), acc, blen, XF_REDUCE | (s ? XF_FWD : 0)));
+    TCP_CHECK(exchange_acc(c, a, mod(r + 1, n), src, blen, mod(r - 1, n), acc, blen, XF_REDUCE | (s ? XF_FWD : 0),
+                           in + (size_t)rb * blen));
     prev = acc;
   }
   finish_avg(c, a, a->recvbuf, a->count);

@@ -98,6 +98,17 @@ static int progress_send_ring(struct tcp_comm *c, struct tcp_xop *op, const stru
   return 0;
 }
 
+/* A reducing receive's bytes [off, off + len) of rbuf: combined with src,
+ * which holds the peer's data for them. */
+static void reduce_part(struct tcp_comm *c, const struct tcp_xop *op, size_t off, const void *src, size_t len,
+                        const struct dcomm_coll_args *a) {
+  const struct dcomm_host *h = c->ctx->host;
+  size_t n = len / dcomm_dtype_size(a->dtype);
+  char *dst = (char *)op->rbuf + off;
+  if (op->racc) h->reduce3(dst, (const char *)op->racc + off, src, n, a->dtype, a->op);
+  else h->reduce(dst, src, n, a->dtype, a->op);
+}
+
 /* Payload of a single-copy frame, read from the sender's buffer, then the
  * ack. A plain receive reads what is left in one call (each
  * process_vm_readv has a fixed cost: on a PVM guest, 256 KiB pieces made a
@@ -137,7 +148,7 @@ static int progress_recv_cma(struct tcp_comm *c, struct tcp_xop *op, const struc
       return tcp_fail(c, DCOMM_EPEERLOST, "tcp %s: rank %d's (world rank %d) data vanished while this rank read it (%s): "
                       "it died or left the collective", c->label, op->peer, tcp_world_of(c, op->peer), strerror(e));
     }
-    if (op->reduce) c->ctx->host->reduce((char *)op->rbuf + op->done, c->cma_stage, n / dcomm_dtype_size(a->dtype), a->dtype, a->op);
+    if (op->reduce) reduce_part(c, op, op->done, c->cma_stage, n, a);
     op->done += n;
     op->reduced = op->done;
     if (op->done < op->len) return 0;
@@ -166,7 +177,7 @@ static int progress_recv_ring(struct tcp_comm *c, struct tcp_xop *op, const stru
                         c->label, op->peer, tcp_world_of(c, op->peer));
       return 0;
     }
-    if (op->reduce) c->ctx->host->reduce((char *)op->rbuf + op->done, src, n / es, a->dtype, a->op);
+    if (op->reduce) reduce_part(c, op, op->done, src, n, a);
     else memcpy((char *)op->rbuf + op->done, src, n);
     tcp_shm_consume(p->shm, n);
     op->done += n;
@@ -217,7 +228,6 @@ static int progress_send(struct tcp_comm *c, struct tcp_xop *op, const struct dc
 
 static int progress_recv(struct tcp_comm *c, struct tcp_xop *op, const struct dcomm_coll_args *a) {
   struct tcp_peer *p = &c->peers[op->peer];
-  const struct dcomm_host *h = c->ctx->host;
   while (!op->hdr_ok) {
     int rc = tcp_read_hdr(c, op->peer);
     if (a->coll == DCOMM_COLL_RECV && rc >= 0 && p->uq_head) {
@@ -266,9 +276,7 @@ static int progress_recv(struct tcp_comm *c, struct tcp_xop *op, const struct dc
     if (n > 0) {
       op->done += (size_t)n;
       if (op->reduce && (op->done - op->reduced == chunk || op->done == op->len)) {
-        size_t es = dcomm_dtype_size(a->dtype);
-        size_t bytes = op->done - op->reduced;
-        h->reduce((char *)op->rbuf + op->reduced, c->stage[op->stage_idx], bytes / es, a->dtype, a->op);
+        reduce_part(c, op, op->reduced, c->stage[op->stage_idx], op->done - op->reduced, a);
         op->reduced = op->done;
       }
       continue;
