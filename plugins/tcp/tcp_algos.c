@@ -10,8 +10,8 @@
  *                   forwarded while the next one arrives) for large ones;
  *   all_gather      direct (pairwise) when every member shares the host,
  *                   else ring;
- *   reduce_scatter  ring that reduces into two block-sized accumulators,
- *                   never copying the whole input;
+ *   reduce_scatter  ring that sums into two block-sized accumulators,
+ *                   out of place (an in-place call works on a copy);
  *   gather / scatter / all_to_all: direct exchanges progressed together;
  *   all_to_allv     the same pairwise exchange with a block per pair from
  *                   the counts and displacements; an empty block still
