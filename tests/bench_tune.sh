@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # tests/bench_tune.sh: dcomm-bench --tune writes a tuning file the library
 # reads, on 2 ranks under dcomm-run:
-#   1. over shared memory: exit 0, the three settings with values of their
+#   1. over shared memory: exit 0, the four settings with values of their
 #      type, comments naming this CPU and the world;
-#   2. over tcp (DCOMM_TRANSPORT=tcp): no DCOMM_SHM_CMA_MIN, and it says why;
+#   2. over tcp (DCOMM_TRANSPORT=tcp): no DCOMM_SHM_CMA_MIN nor
+#      DCOMM_SHM_CMA_FWD_MIN, and it says why;
 #   3. dcomm-info names the file in force and marks the values it gave;
 #      dcomm-bench runs with it and its check passes;
 #   4. a bad line and a bad value in a tuning file fail dcomm_init naming
@@ -14,7 +15,7 @@ b=${top_builddir:-.}
 [ -x "$b/dcomm-bench" ] && [ -x "$b/dcomm-run" ] && [ -x "$b/dcomm-info" ] || { echo "skip: dcomm-bench not built"; exit 77; }
 work=$(mktemp -d /tmp/dcomm-bench-tune.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-unset DCOMM_TUNING_FILE DCOMM_SHM_SPIN DCOMM_TCP_SMALL_THRESHOLD DCOMM_SHM_CMA_MIN DCOMM_ALGO
+unset DCOMM_TUNING_FILE DCOMM_SHM_SPIN DCOMM_TCP_SMALL_THRESHOLD DCOMM_SHM_CMA_MIN DCOMM_SHM_CMA_FWD_MIN DCOMM_ALGO
 pass=0 fail=0
 ok() { pass=$((pass + 1)); echo "ok - $1"; }
 bad() { fail=$((fail + 1)); echo "not ok - $1"; shift; for f in "$@"; do tail -n 12 "$f" | sed 's/^/    /'; done; }
@@ -29,13 +30,15 @@ f=$work/shm.conf
 tune "$f"
 rc=$?
 settings=$(grep -v '^#' "$f" 2>/dev/null)
-if [ $rc -eq 0 ] && [ "$(echo "$settings" | wc -l)" -eq 3 ] &&
+if [ $rc -eq 0 ] && [ "$(echo "$settings" | wc -l)" -eq 4 ] &&
    echo "$settings" | grep -qx 'DCOMM_SHM_SPIN=\(0\|10\|50\|200\)' &&
    echo "$settings" | grep -qx 'DCOMM_TCP_SMALL_THRESHOLD=[0-9]\+' &&
    echo "$settings" | grep -qx 'DCOMM_SHM_CMA_MIN=[0-9]\+' &&
+   echo "$settings" | grep -qx 'DCOMM_SHM_CMA_FWD_MIN=[0-9]\+' &&
+   grep -q '^#   *64M  *[0-9.]\+  *[0-9.]\+$' "$f" &&
    grep -qF "# CPU: ${cpu:-unknown}; 2 ranks on one host (shared memory)" "$f" &&
    grep -q '^#   *16M  *[0-9.]\+  *[0-9.]\+$' "$f"; then
-  ok "shared memory: the three settings, the CPU, the world and the tables ($(echo $settings))"
+  ok "shared memory: the four settings, the CPU, the world and the tables ($(echo $settings))"
 else
   bad "shared memory: exit $rc" "$f.out" "$f.err" "$f"
 fi
@@ -43,8 +46,8 @@ fi
 g=$work/tcp.conf
 tune "$g" DCOMM_TRANSPORT=tcp
 rc=$?
-if [ $rc -eq 0 ] && [ "$(grep -vc '^#' "$g")" -eq 2 ] && ! grep -q '^DCOMM_SHM_CMA_MIN' "$g" &&
-   grep -q 'DCOMM_SHM_CMA_MIN not tuned' "$g"; then
+if [ $rc -eq 0 ] && [ "$(grep -vc '^#' "$g")" -eq 2 ] && ! grep -q '^DCOMM_SHM_CMA' "$g" &&
+   grep -q 'DCOMM_SHM_CMA_MIN and DCOMM_SHM_CMA_FWD_MIN not tuned' "$g"; then
   ok "tcp: no single-copy setting, and the file says why"
 else
   bad "tcp: exit $rc" "$g.out" "$g.err" "$g"
@@ -56,7 +59,7 @@ infoe=$(DCOMM_TUNING_FILE=$f "$b/dcomm-info" -e 2>&1 | grep -A1 '^DCOMM_SHM_SPIN
 out=$(DCOMM_TUNING_FILE=$f timeout 60 "$b/dcomm-run" --quiet-prefix --nproc-per-node 2 -- "$b/dcomm-bench" \
   -o all_reduce -b 8 -e 4M -f 8 -n 3 -w 1 2>&1)
 rc=$?
-if echo "$info" | grep -qxF "tuning file: $f (3 settings)" && echo "$infoe" | grep -qF "value: \"$spin\" (tuning file)" &&
+if echo "$info" | grep -qxF "tuning file: $f (4 settings)" && echo "$infoe" | grep -qF "value: \"$spin\" (tuning file)" &&
    [ $rc -eq 0 ] && [ "$(echo "$out" | awk '!/^#/ && NF == 7' | wc -l)" -ge 7 ] &&
    [ "$(echo "$out" | awk '!/^#/ && NF == 7 && $7 != 0' | wc -l)" -eq 0 ]; then
   ok "dcomm-info names the file and marks its values; dcomm-bench runs with it, every result right"

@@ -18,8 +18,16 @@
  *                             ring for all_reduce (broadcast's tree/chain
  *                             switch uses the same value);
  *   DCOMM_SHM_CMA_MIN         from which size the single copy
- *                             (process_vm_readv) beats the rings; only when
- *                             the whole world is on one host.
+ *                             (process_vm_readv) beats the rings for data
+ *                             read from the caller's input (all_gather);
+ *   DCOMM_SHM_CMA_FWD_MIN     the same for data the sender wrote earlier in
+ *                             the call (all_reduce's partial sums), which
+ *                             the reader fetches from the writer's cache;
+ *                             both only when the whole world is on one
+ *                             host. On a PVM guest the rings won at every
+ *                             size to 64 MiB, by up to 2x; on the Intel
+ *                             machine of docs/PERFORMANCE.md the single
+ *                             copy won from 16 KiB: it is measured.
  */
 #include "bench_tune.h"
 
@@ -49,7 +57,12 @@ struct sizes {
 
 static const struct sizes spin_sizes = {3, {8, 1024, 65536}};
 static const struct sizes algo_sizes = {7, {4096, 16384, 65536, 262144, 1048576, 4194304, 16777216}};
-static const struct sizes cma_sizes = {7, {1024, 4096, 16384, 65536, 262144, 1048576, 4194304}};
+static const struct sizes cma_sizes = {8, {1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216}};
+static const struct sizes fwd_sizes = {5, {262144, 1048576, 4194304, 16777216, 67108864}};
+#define TUNE_MAX_BYTES ((size_t)67108864)
+/* The op a trial times: all_reduce, or all_gather of bytes in all (in
+ * place: each rank's block already at its place in buf). */
+enum tune_op { TUNE_ALL_REDUCE, TUNE_ALL_GATHER };
 
 static double now_s(void) {
   struct timespec ts;
@@ -59,16 +72,21 @@ static double now_s(void) {
 
 static int world_max(double *v, size_t n) { return dcomm_all_reduce(v, n, DCOMM_FLOAT64, DCOMM_MAX, NULL); }
 
-/* The slowest rank's mean seconds per all_reduce of bytes, fastest of
+static int run_op(enum tune_op op, dcomm_group_t g, float *buf, size_t bytes) {
+  if (op == TUNE_ALL_REDUCE) return dcomm_all_reduce(buf, bytes / sizeof(float), DCOMM_FLOAT32, DCOMM_SUM, g);
+  size_t count = bytes / sizeof(float) / (size_t)dcomm_world_size();
+  return dcomm_all_gather(buf + (size_t)dcomm_rank() * count, buf, count, DCOMM_FLOAT32, g);
+}
+
+/* The slowest rank's mean seconds per op of bytes, fastest of
  * TUNE_PASSES; the same value on every rank. <0: a dcomm error. */
-static double time_all_reduce(dcomm_group_t g, float *buf, size_t bytes) {
-  size_t count = bytes / sizeof(float);
+static double time_op(enum tune_op op, dcomm_group_t g, float *buf, size_t bytes) {
   int rc;
   for (int i = 0; i < 3; i++)
-    if ((rc = dcomm_all_reduce(buf, count, DCOMM_FLOAT32, DCOMM_SUM, g)) != 0) return rc;
+    if ((rc = run_op(op, g, buf, bytes)) != 0) return rc;
   double est[1] = {now_s()};
   for (int i = 0; i < 3; i++)
-    if ((rc = dcomm_all_reduce(buf, count, DCOMM_FLOAT32, DCOMM_SUM, g)) != 0) return rc;
+    if ((rc = run_op(op, g, buf, bytes)) != 0) return rc;
   est[0] = (now_s() - est[0]) / 3;
   if ((rc = world_max(est, 1)) != 0) return rc;
   long iters = est[0] > 0 ? (long)(TUNE_TARGET_S / est[0]) : TUNE_MAX_ITERS;
@@ -79,7 +97,7 @@ static double time_all_reduce(dcomm_group_t g, float *buf, size_t bytes) {
     if ((rc = dcomm_barrier(g)) != 0) return rc;
     double t[1] = {now_s()};
     for (long i = 0; i < iters; i++)
-      if ((rc = dcomm_all_reduce(buf, count, DCOMM_FLOAT32, DCOMM_SUM, g)) != 0) return rc;
+      if ((rc = run_op(op, g, buf, bytes)) != 0) return rc;
     t[0] = (now_s() - t[0]) / (double)iters;
     if ((rc = world_max(t, 1)) != 0) return rc;
     if (t[0] < best) best = t[0];
@@ -90,14 +108,15 @@ static double time_all_reduce(dcomm_group_t g, float *buf, size_t bytes) {
 /* A trial: the variable set to value, a group of the whole world created
  * with it, one time per size into out (seconds). The variable's earlier
  * value comes back. */
-static int trial(const char *name, const char *value, const struct sizes *sz, float *buf, double *out) {
+static int trial(const char *name, const char *value, enum tune_op op, const struct sizes *sz, float *buf,
+                 double *out) {
   const char *old = getenv(name);
   char *saved = old ? strdup(old) : NULL;
   setenv(name, value, 1);
   dcomm_group_t g = NULL;
   int rc = dcomm_group_split(NULL, 0, dcomm_rank(), &g);
   for (int k = 0; rc == 0 && k < sz->n; k++) {
-    double t = time_all_reduce(g, buf, sz->b[k]);
+    double t = time_op(op, g, buf, sz->b[k]);
     if (t < 0) rc = (int)t;
     out[k] = t;
   }
@@ -130,9 +149,10 @@ static void say(struct report *r, const char *fmt, ...) {
   if (n > 0) r->len += (size_t)n < sizeof(r->text) - r->len ? (size_t)n : sizeof(r->text) - r->len - 1;
 }
 
-static void table(struct report *r, const struct sizes *sz, const char *what, const char *const names[], int nc,
-                  double t[][TUNE_MAX_SIZES]) {
-  say(r, "# %s, microseconds per all_reduce (float32):\n#   %9s", what, "bytes");
+static void table(struct report *r, const struct sizes *sz, const char *what, enum tune_op op,
+                  const char *const names[], int nc, double t[][TUNE_MAX_SIZES]) {
+  say(r, "# %s, microseconds per %s (float32):\n#   %9s", what, op == TUNE_ALL_REDUCE ? "all_reduce" : "all_gather",
+      "bytes");
   for (int c = 0; c < nc; c++) say(r, " %12s", names[c]);
   say(r, "\n");
   for (int k = 0; k < sz->n; k++) {
@@ -233,7 +253,7 @@ int bench_tune(int argc, char **argv) {
   /* The trials measure the built-in defaults and the values chosen here,
    * not an earlier tuning file's. */
   setenv("DCOMM_TUNING_FILE", "none", 1);
-  size_t maxb = algo_sizes.b[algo_sizes.n - 1];
+  size_t maxb = TUNE_MAX_BYTES;
   float *buf = calloc(maxb / sizeof(float), sizeof(float));
   if (!buf) {
     fprintf(stderr, "dcomm-bench --tune: cannot allocate %zu bytes\n", maxb);
@@ -267,11 +287,11 @@ int bench_tune(int argc, char **argv) {
   /* 1. spin */
   static const char *const spins[] = {"0", "10", "50", "200"};
   double ts[4][TUNE_MAX_SIZES];
-  for (int c = 0; c < 4 && rc == 0; c++) rc = trial("DCOMM_SHM_SPIN", spins[c], &spin_sizes, buf, ts[c]);
+  for (int c = 0; c < 4 && rc == 0; c++) rc = trial("DCOMM_SHM_SPIN", spins[c], TUNE_ALL_REDUCE, &spin_sizes, buf, ts[c]);
   const char *spin = NULL;
   if (rc == 0) {
     spin = spins[pick_spin(4, ts, spin_sizes.n)];
-    table(&r, &spin_sizes, "DCOMM_SHM_SPIN 0 / 10 / 50 / 200 us", spins, 4, ts);
+    table(&r, &spin_sizes, "DCOMM_SHM_SPIN 0 / 10 / 50 / 200 us", TUNE_ALL_REDUCE, spins, 4, ts);
     len += (size_t)snprintf(settings + len, sizeof(settings) - len, "DCOMM_SHM_SPIN=%s\n", spin);
     setenv("DCOMM_SHM_SPIN", spin, 1); /* for the trials below */
   }
@@ -279,31 +299,47 @@ int bench_tune(int argc, char **argv) {
   /* 2. recursive doubling up to the threshold, the ring above */
   static const char *const algos[] = {"all_reduce=rd", "all_reduce=ring"};
   double ta[2][TUNE_MAX_SIZES];
-  for (int c = 0; c < 2 && rc == 0; c++) rc = trial("DCOMM_ALGO", algos[c], &algo_sizes, buf, ta[c]);
+  for (int c = 0; c < 2 && rc == 0; c++) rc = trial("DCOMM_ALGO", algos[c], TUNE_ALL_REDUCE, &algo_sizes, buf, ta[c]);
   if (rc == 0) {
     int k = last_win(&algo_sizes, ta[0], ta[1], 262144); /* the built-in DCOMM_TCP_SMALL_THRESHOLD */
     size_t thr = k < 0 ? 0 : algo_sizes.b[k];
-    table(&r, &algo_sizes, "DCOMM_ALGO all_reduce=rd / ring", (const char *const[]){"rd", "ring"}, 2, ta);
+    table(&r, &algo_sizes, "DCOMM_ALGO all_reduce=rd / ring", TUNE_ALL_REDUCE, (const char *const[]){"rd", "ring"}, 2,
+          ta);
     len += (size_t)snprintf(settings + len, sizeof(settings) - len, "DCOMM_TCP_SMALL_THRESHOLD=%zu\n", thr);
     char v[32];
     snprintf(v, sizeof(v), "%zu", thr);
     setenv("DCOMM_TCP_SMALL_THRESHOLD", v, 1);
   }
 
-  /* 3. the single copy, on one host */
+  /* 3. the single copy, on one host: first of the caller's data, then
+   * (single copy on for it) of data written in the call */
   if (rc == 0 && shm) {
     static const char *const cmas[] = {"0", "1"};
     double tc[2][TUNE_MAX_SIZES];
-    for (int c = 0; c < 2 && rc == 0; c++) rc = trial("DCOMM_SHM_CMA_MIN", cmas[c], &cma_sizes, buf, tc[c]);
+    for (int c = 0; c < 2 && rc == 0; c++)
+      rc = trial("DCOMM_SHM_CMA_MIN", cmas[c], TUNE_ALL_GATHER, &cma_sizes, buf, tc[c]);
     if (rc == 0) {
       int k = last_win(&cma_sizes, tc[0], tc[1], 16383); /* the rings' last size; built in: from 16 KiB */
       size_t min = k + 1 < cma_sizes.n ? cma_sizes.b[k + 1] : 2 * cma_sizes.b[cma_sizes.n - 1];
-      table(&r, &cma_sizes, "DCOMM_SHM_CMA_MIN rings only / single copy always",
+      table(&r, &cma_sizes, "DCOMM_SHM_CMA_MIN rings only / single copy always", TUNE_ALL_GATHER,
             (const char *const[]){"rings", "single copy"}, 2, tc);
       len += (size_t)snprintf(settings + len, sizeof(settings) - len, "DCOMM_SHM_CMA_MIN=%zu\n", min);
+      setenv("DCOMM_SHM_CMA_MIN", "1", 1); /* the next trial needs the single copy on */
+    }
+    static const char *const fwds[] = {"1099511627776", "1"};
+    double tf[2][TUNE_MAX_SIZES];
+    for (int c = 0; c < 2 && rc == 0; c++)
+      rc = trial("DCOMM_SHM_CMA_FWD_MIN", fwds[c], TUNE_ALL_REDUCE, &fwd_sizes, buf, tf[c]);
+    unsetenv("DCOMM_SHM_CMA_MIN");
+    if (rc == 0) {
+      int k = last_win(&fwd_sizes, tf[0], tf[1], 1048575); /* built in: from 1 MiB */
+      size_t min = k + 1 < fwd_sizes.n ? fwd_sizes.b[k + 1] : 2 * fwd_sizes.b[fwd_sizes.n - 1];
+      table(&r, &fwd_sizes, "DCOMM_SHM_CMA_FWD_MIN rings only / single copy always", TUNE_ALL_REDUCE,
+            (const char *const[]){"rings", "single copy"}, 2, tf);
+      len += (size_t)snprintf(settings + len, sizeof(settings) - len, "DCOMM_SHM_CMA_FWD_MIN=%zu\n", min);
     }
   } else if (rc == 0) {
-    say(&r, "# DCOMM_SHM_CMA_MIN not tuned: the ranks do not all share one host's memory\n");
+    say(&r, "# DCOMM_SHM_CMA_MIN and DCOMM_SHM_CMA_FWD_MIN not tuned: the ranks do not all share one host's memory\n");
   }
   free(buf);
   if (rc == 0 && rank == 0) {
