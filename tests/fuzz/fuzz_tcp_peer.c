@@ -207,6 +207,7 @@ static void host_fill(struct dcomm_host *h, int rank) {
   h->store_allgather = host_allgather;
   h->creation_cancelled = host_cancelled;
   h->reduce = dcomm__reduce;
+  h->reduce3 = dcomm__reduce3;
   h->scale_div = dcomm__scale_div;
   h->dtype_name = dcomm__dtype_name;
   h->op_name = dcomm__op_name;
