@@ -117,7 +117,6 @@ struct tcp_ctx {
   size_t shm_ring;  /* bytes per direction of a shm link, at most */
   size_t shm_budget; /* bytes the rings of one comm may take on a host */
   cpu_set_t cpus;   /* processors this process may run on */
-  int ncpu;         /* how many */
   int sharing;      /* ranks of this host that may run on them (0: not counted yet) */
   int sharing_cpus; /* processors those ranks may run on */
 };

@@ -24,7 +24,6 @@ void tcp_cpus_own(struct tcp_ctx *ctx) {
     CPU_ZERO(&ctx->cpus);
     CPU_SET(0, &ctx->cpus); /* unknown: as if one processor, as before */
   }
-  ctx->ncpu = CPU_COUNT(&ctx->cpus);
 }
 
 int tcp_cpus_format(const cpu_set_t *set, char *buf, size_t len) {
