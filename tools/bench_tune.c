@@ -1,13 +1,14 @@
 /*
- * bench_tune.c: dcomm-bench --tune FILE (bench_tune.h). Every rank of the
- * job runs the same trials: for each candidate value of a setting it sets
- * the variable, joins the job (dcomm_init), times all_reduce over a range
- * of sizes (the slowest rank's mean, fastest of three passes) on a new
- * group of the whole world, which the backend builds with the settings in
- * force at its creation, and frees it. The times are world maxima, so every rank takes the
- * same decisions. Rank 0 prints the tables and writes the file (a
- * temporary file renamed into place), its comments naming the CPU, the
- * world and the figures each value was chosen from.
+ * bench_tune.c: dcomm-bench --tune FILE [-e MAXBYTES] (bench_tune.h).
+ * Every rank of the job joins it once and runs the same trials: for each
+ * candidate value of a setting it sets the variable, times an op over a
+ * range of sizes (the slowest rank's mean, fastest of TUNE_PASSES passes)
+ * on a new group of the whole world, which the backend builds with the
+ * settings in force at its creation, and frees it. The times are world
+ * maxima, so every rank takes the same decisions. -e stops every range at
+ * MAXBYTES (default and most: 64 MiB). Rank 0 prints the tables and writes
+ * the file (a temporary file renamed into place), its comments naming the
+ * CPU, the world and the figures each value was chosen from.
  *
  * Settings tuned, in this order (each trial runs with the values chosen
  * before it):
@@ -40,6 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "dcomm.h"
 
 #define TUNE_PASSES 5
@@ -60,6 +62,16 @@ static const struct sizes algo_sizes = {7, {4096, 16384, 65536, 262144, 1048576,
 static const struct sizes cma_sizes = {8, {1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216}};
 static const struct sizes fwd_sizes = {5, {262144, 1048576, 4194304, 16777216, 67108864}};
 #define TUNE_MAX_BYTES ((size_t)67108864)
+/* The least -e: every range keeps two sizes to compare. */
+#define TUNE_MIN_CAP ((size_t)1048576)
+
+/* sz without its sizes above max. */
+static struct sizes upto(const struct sizes *sz, size_t max) {
+  struct sizes c = {0, {0}};
+  for (int k = 0; k < sz->n; k++)
+    if (sz->b[k] <= max) c.b[c.n++] = sz->b[k];
+  return c;
+}
 /* The op a trial times: all_reduce, or all_gather of bytes in all (in
  * place: each rank's block already at its place in buf). */
 enum tune_op { TUNE_ALL_REDUCE, TUNE_ALL_GATHER };
@@ -198,6 +210,27 @@ static int last_win(const struct sizes *sz, const double *a, const double *b, si
   return n - 1;
 }
 
+/* A single-copy threshold: the trials of name with the rings only (value
+ * off) and the single copy always ("1"); the setting is the first size the
+ * single copy takes (last_win, def_last the built-in rings' last size), or
+ * twice the largest size measured when the rings take them all. 0 or a
+ * dcomm error. */
+static int tune_single_copy(struct report *r, struct report *set, const char *name, const char *off, enum tune_op op,
+                            const struct sizes *sz, size_t def_last, float *buf) {
+  const char *values[] = {off, "1"};
+  double t[2][TUNE_MAX_SIZES];
+  int rc = 0;
+  for (int c = 0; c < 2 && rc == 0; c++) rc = trial(name, values[c], op, sz, buf, t[c]);
+  if (rc != 0) return rc;
+  int k = last_win(sz, t[0], t[1], def_last);
+  size_t min = k + 1 < sz->n ? sz->b[k + 1] : 2 * sz->b[sz->n - 1];
+  char what[96];
+  snprintf(what, sizeof(what), "%s rings only / single copy always", name);
+  table(r, sz, what, op, (const char *const[]){"rings", "single copy"}, 2, t);
+  say(set, "%s=%zu\n", name, min);
+  return 0;
+}
+
 static int one_host(void) {
   char h[256] = "";
   gethostname(h, sizeof(h) - 1);
@@ -244,19 +277,32 @@ static int write_file(const char *path, const struct report *r, const char *sett
 }
 
 int bench_tune(int argc, char **argv) {
-  if (argc != 2 || argv[1][0] == '-') {
-    fprintf(stderr, "usage: dcomm-bench --tune FILE   (run under a launcher, e.g.\n"
-                    "  dcomm-run --nproc-per-node 4 -- dcomm-bench --tune tuning.conf)\n");
+  size_t cap = TUNE_MAX_BYTES;
+  int bad = argc != 2 && argc != 4;
+  if (!bad && argc == 4) {
+    bad = strcmp(argv[2], "-e") != 0;
+    if (!bad && (bench_parse_size(argv[3], &cap) < 0 || cap < TUNE_MIN_CAP)) {
+      fprintf(stderr, "dcomm-bench --tune: bad size '%s' for -e (at least 1M, so that every setting has two sizes "
+                      "to compare; K/M/G)\n", argv[3]);
+      return 2;
+    }
+  }
+  if (bad || argv[1][0] == '-') {
+    fprintf(stderr, "usage: dcomm-bench --tune FILE [-e MAXBYTES]   (run under a launcher, e.g.\n"
+                    "  dcomm-run --nproc-per-node 4 -- dcomm-bench --tune tuning.conf;\n"
+                    "  -e: measure sizes up to MAXBYTES only, default and most 64M)\n");
     return 2;
   }
   const char *path = argv[1];
+  if (cap > TUNE_MAX_BYTES) cap = TUNE_MAX_BYTES;
+  const struct sizes spin_sz = upto(&spin_sizes, cap), algo_sz = upto(&algo_sizes, cap),
+                     cma_sz = upto(&cma_sizes, cap), fwd_sz = upto(&fwd_sizes, cap);
   /* The trials measure the built-in defaults and the values chosen here,
    * not an earlier tuning file's. */
   setenv("DCOMM_TUNING_FILE", "none", 1);
-  size_t maxb = TUNE_MAX_BYTES;
-  float *buf = calloc(maxb / sizeof(float), sizeof(float));
+  float *buf = calloc(cap / sizeof(float), sizeof(float));
   if (!buf) {
-    fprintf(stderr, "dcomm-bench --tune: cannot allocate %zu bytes\n", maxb);
+    fprintf(stderr, "dcomm-bench --tune: cannot allocate %zu bytes\n", cap);
     return 1;
   }
   if (dcomm_init(NULL, NULL) != 0) {
@@ -269,8 +315,8 @@ int bench_tune(int argc, char **argv) {
   const char *tr = getenv("DCOMM_TRANSPORT");
   int shm = single && !(tr && !strcmp(tr, "tcp"));
 
-  struct report r = {.len = 0};
-  char cpu[256], when[64], settings[512];
+  struct report r = {.len = 0}, set = {.len = 0};
+  char cpu[256], when[64];
   cpu_model(cpu, sizeof(cpu));
   time_t now = time(NULL);
   strftime(when, sizeof(when), "%Y-%m-%d %H:%M UTC", gmtime(&now));
@@ -278,74 +324,58 @@ int bench_tune(int argc, char **argv) {
       dcomm_version_string(), backend);
   say(&r, "# CPU: %s; %d ranks%s%s\n", cpu, world, single ? " on one host" : " on several hosts",
       shm ? " (shared memory)" : "");
+  if (cap < TUNE_MAX_BYTES) {
+    char s[24];
+    size_str(cap, s, sizeof(s));
+    say(&r, "# Sizes measured up to %s only (-e %s)\n", s, s);
+  }
   say(&r, "# Read by libdcomm through DCOMM_TUNING_FILE (or as $(sysconfdir)/dcomm/tuning.conf); a variable\n"
           "# set in the environment wins over a line here.\n");
   int rc = 0;
-  size_t len = 0;
-  settings[0] = 0;
 
   /* 1. spin */
   static const char *const spins[] = {"0", "10", "50", "200"};
   double ts[4][TUNE_MAX_SIZES];
-  for (int c = 0; c < 4 && rc == 0; c++) rc = trial("DCOMM_SHM_SPIN", spins[c], TUNE_ALL_REDUCE, &spin_sizes, buf, ts[c]);
-  const char *spin = NULL;
+  for (int c = 0; c < 4 && rc == 0; c++) rc = trial("DCOMM_SHM_SPIN", spins[c], TUNE_ALL_REDUCE, &spin_sz, buf, ts[c]);
   if (rc == 0) {
-    spin = spins[pick_spin(4, ts, spin_sizes.n)];
-    table(&r, &spin_sizes, "DCOMM_SHM_SPIN 0 / 10 / 50 / 200 us", TUNE_ALL_REDUCE, spins, 4, ts);
-    len += (size_t)snprintf(settings + len, sizeof(settings) - len, "DCOMM_SHM_SPIN=%s\n", spin);
+    const char *spin = spins[pick_spin(4, ts, spin_sz.n)];
+    table(&r, &spin_sz, "DCOMM_SHM_SPIN 0 / 10 / 50 / 200 us", TUNE_ALL_REDUCE, spins, 4, ts);
+    say(&set, "DCOMM_SHM_SPIN=%s\n", spin);
     setenv("DCOMM_SHM_SPIN", spin, 1); /* for the trials below */
   }
 
   /* 2. recursive doubling up to the threshold, the ring above */
   static const char *const algos[] = {"all_reduce=rd", "all_reduce=ring"};
   double ta[2][TUNE_MAX_SIZES];
-  for (int c = 0; c < 2 && rc == 0; c++) rc = trial("DCOMM_ALGO", algos[c], TUNE_ALL_REDUCE, &algo_sizes, buf, ta[c]);
+  for (int c = 0; c < 2 && rc == 0; c++) rc = trial("DCOMM_ALGO", algos[c], TUNE_ALL_REDUCE, &algo_sz, buf, ta[c]);
   if (rc == 0) {
-    int k = last_win(&algo_sizes, ta[0], ta[1], 262144); /* the built-in DCOMM_TCP_SMALL_THRESHOLD */
-    size_t thr = k < 0 ? 0 : algo_sizes.b[k];
-    table(&r, &algo_sizes, "DCOMM_ALGO all_reduce=rd / ring", TUNE_ALL_REDUCE, (const char *const[]){"rd", "ring"}, 2,
+    int k = last_win(&algo_sz, ta[0], ta[1], 262144); /* the built-in DCOMM_TCP_SMALL_THRESHOLD */
+    size_t thr = k < 0 ? 0 : algo_sz.b[k];
+    table(&r, &algo_sz, "DCOMM_ALGO all_reduce=rd / ring", TUNE_ALL_REDUCE, (const char *const[]){"rd", "ring"}, 2,
           ta);
-    len += (size_t)snprintf(settings + len, sizeof(settings) - len, "DCOMM_TCP_SMALL_THRESHOLD=%zu\n", thr);
+    say(&set, "DCOMM_TCP_SMALL_THRESHOLD=%zu\n", thr);
     char v[32];
     snprintf(v, sizeof(v), "%zu", thr);
     setenv("DCOMM_TCP_SMALL_THRESHOLD", v, 1);
   }
 
-  /* 3. the single copy, on one host: first of the caller's data, then
-   * (single copy on for it) of data written in the call */
+  /* 3. the single copy, on one host: first of the caller's data (built in:
+   * from 16 KiB), then, single copy on for it, of data written in the call
+   * (built in: from 1 MiB) */
   if (rc == 0 && shm) {
-    static const char *const cmas[] = {"0", "1"};
-    double tc[2][TUNE_MAX_SIZES];
-    for (int c = 0; c < 2 && rc == 0; c++)
-      rc = trial("DCOMM_SHM_CMA_MIN", cmas[c], TUNE_ALL_GATHER, &cma_sizes, buf, tc[c]);
-    if (rc == 0) {
-      int k = last_win(&cma_sizes, tc[0], tc[1], 16383); /* the rings' last size; built in: from 16 KiB */
-      size_t min = k + 1 < cma_sizes.n ? cma_sizes.b[k + 1] : 2 * cma_sizes.b[cma_sizes.n - 1];
-      table(&r, &cma_sizes, "DCOMM_SHM_CMA_MIN rings only / single copy always", TUNE_ALL_GATHER,
-            (const char *const[]){"rings", "single copy"}, 2, tc);
-      len += (size_t)snprintf(settings + len, sizeof(settings) - len, "DCOMM_SHM_CMA_MIN=%zu\n", min);
-      setenv("DCOMM_SHM_CMA_MIN", "1", 1); /* the next trial needs the single copy on */
-    }
-    static const char *const fwds[] = {"1099511627776", "1"};
-    double tf[2][TUNE_MAX_SIZES];
-    for (int c = 0; c < 2 && rc == 0; c++)
-      rc = trial("DCOMM_SHM_CMA_FWD_MIN", fwds[c], TUNE_ALL_REDUCE, &fwd_sizes, buf, tf[c]);
+    rc = tune_single_copy(&r, &set, "DCOMM_SHM_CMA_MIN", "0", TUNE_ALL_GATHER, &cma_sz, 16383, buf);
+    setenv("DCOMM_SHM_CMA_MIN", "1", 1);
+    if (rc == 0)
+      rc = tune_single_copy(&r, &set, "DCOMM_SHM_CMA_FWD_MIN", "1099511627776", TUNE_ALL_REDUCE, &fwd_sz, 1048575, buf);
     unsetenv("DCOMM_SHM_CMA_MIN");
-    if (rc == 0) {
-      int k = last_win(&fwd_sizes, tf[0], tf[1], 1048575); /* built in: from 1 MiB */
-      size_t min = k + 1 < fwd_sizes.n ? fwd_sizes.b[k + 1] : 2 * fwd_sizes.b[fwd_sizes.n - 1];
-      table(&r, &fwd_sizes, "DCOMM_SHM_CMA_FWD_MIN rings only / single copy always", TUNE_ALL_REDUCE,
-            (const char *const[]){"rings", "single copy"}, 2, tf);
-      len += (size_t)snprintf(settings + len, sizeof(settings) - len, "DCOMM_SHM_CMA_FWD_MIN=%zu\n", min);
-    }
   } else if (rc == 0) {
     say(&r, "# DCOMM_SHM_CMA_MIN and DCOMM_SHM_CMA_FWD_MIN not tuned: the ranks do not all share one host's memory\n");
   }
   free(buf);
   if (rc == 0 && rank == 0) {
     fputs(r.text, stdout);
-    fputs(settings, stdout);
-    if (write_file(path, &r, settings) < 0) rc = -1;
+    fputs(set.text, stdout);
+    if (write_file(path, &r, set.text) < 0) rc = -1;
     else printf("# written to %s; use it with DCOMM_TUNING_FILE=%s\n", path, path);
   }
   if (dcomm_finalize() != 0 && rc == 0) rc = -1;

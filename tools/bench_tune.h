@@ -6,9 +6,9 @@
 #ifndef DCOMM_BENCH_TUNE_H
 #define DCOMM_BENCH_TUNE_H
 
-/* argv[0] is "--tune", argv[1] the file. Joins the job (dcomm_init) once
- * per trial. The exit status: 0, 1 (a dcomm call or the write failed), 2
- * (usage). */
+/* argv[0] is "--tune", argv[1] the file, then optionally "-e" and the
+ * largest size to measure. Joins the job (dcomm_init) once. The exit
+ * status: 0, 1 (a dcomm call or the write failed), 2 (usage). */
 int bench_tune(int argc, char **argv);
 
 #endif

@@ -150,7 +150,7 @@ void bench_usage_error(const char *fmt, const char *arg) {
 }
 
 /* Unsigned decimal with an optional K, M or G (powers of 1024) suffix. */
-static int parse_size(const char *s, size_t *out) {
+int bench_parse_size(const char *s, size_t *out) {
   if (!s || *s < '0' || *s > '9') return -1;
   errno = 0;
   char *end;
@@ -213,13 +213,13 @@ void bench_parse_args(const struct bench_prog *p, int argc, char **argv, struct 
         break;
       }
       case 'b':
-        if (parse_size(v, &o->minb) < 0 || o->minb == 0) bench_usage_error("bad size '%s' for -b (bytes >= 1, K/M/G)", v);
+        if (bench_parse_size(v, &o->minb) < 0 || o->minb == 0) bench_usage_error("bad size '%s' for -b (bytes >= 1, K/M/G)", v);
         break;
       case 'e':
-        if (parse_size(v, &o->maxb) < 0 || o->maxb == 0) bench_usage_error("bad size '%s' for -e (bytes >= 1, K/M/G)", v);
+        if (bench_parse_size(v, &o->maxb) < 0 || o->maxb == 0) bench_usage_error("bad size '%s' for -e (bytes >= 1, K/M/G)", v);
         break;
       case 'f':
-        if (parse_size(v, &o->factor) < 0 || o->factor < 1) bench_usage_error("bad factor '%s' for -f", v);
+        if (bench_parse_size(v, &o->factor) < 0 || o->factor < 1) bench_usage_error("bad factor '%s' for -f", v);
         break;
       case 'n': o->iters = parse_long(v, "-n", 1); break;
       case 'w': o->warmup = parse_long(v, "-w", 0); break;

@@ -53,6 +53,9 @@ struct bench_prog {
 void bench_parse_args(const struct bench_prog *p, int argc, char **argv, struct bench_opts *o);
 /* Prints "NAME: " fmt (with arg) and the synopsis (on rank <= 0), exits 2. */
 void bench_usage_error(const char *fmt, const char *arg);
+/* A size in bytes: unsigned decimal with an optional K, M or G (powers of
+ * 1024) suffix and an optional B. 0, or -1 when s is not one. */
+int bench_parse_size(const char *s, size_t *out);
 
 /* One benchmark on this rank's group: the buffers and the call's count. */
 struct bench_run {
