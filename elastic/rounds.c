@@ -58,13 +58,9 @@
 #define DCOMM_MAX_SLOTS 1024 /* node slots a job may hand out */
 #define MAX_EMPTY_ROUNDS 4 /* abandoned rounds (or whose leader died) in a row before recovery fails */
 
+/* A member of a round: its ticket record and the ticket's number. */
 struct joiner {
-  char id[40];
-  int old_rank;
-  int slot, local_rank; /* its launcher's node slot (0: none) and local rank */
-  long pid;             /* its process id (0: not given) */
-  long old_gen;         /* the generation it was a member of (-1: joiner) */
-  int old_size;         /* that generation's size (-1: joiner) */
+  struct dcomm_ticket t;
   long ticket;
 };
 
@@ -81,10 +77,10 @@ static int cmp_joiner(const void *a, const void *b) {
   const struct joiner *x = a, *y = b;
   /* survivors first, by old rank; joiners (old rank -1) after, by node
    * slot and local rank (so a node's ranks are contiguous), then ticket */
-  if ((x->old_rank < 0) != (y->old_rank < 0)) return x->old_rank < 0 ? 1 : -1;
-  if (x->old_rank != y->old_rank) return x->old_rank < y->old_rank ? -1 : 1;
-  if (x->slot != y->slot) return x->slot < y->slot ? -1 : 1;
-  if (x->local_rank != y->local_rank) return x->local_rank < y->local_rank ? -1 : 1;
+  if ((x->t.old_rank < 0) != (y->t.old_rank < 0)) return x->t.old_rank < 0 ? 1 : -1;
+  if (x->t.old_rank != y->t.old_rank) return x->t.old_rank < y->t.old_rank ? -1 : 1;
+  if (x->t.slot != y->t.slot) return x->t.slot < y->t.slot ? -1 : 1;
+  if (x->t.local_rank != y->t.local_rank) return x->t.local_rank < y->t.local_rank ? -1 : 1;
   return x->ticket < y->ticket ? -1 : x->ticket > y->ticket;
 }
 
@@ -147,20 +143,12 @@ static int read_ticket(struct dcomm_store *s, long gen, int64_t t, double wait, 
   char key[128];
   void *val = NULL;
   size_t len = 0;
-  struct dcomm_ticket tk;
   snprintf(key, sizeof(key), DCOMM_KEY_TICKET_FMT, gen, (long long)t);
   if (dcomm__store_get(s, key, wait, &val, &len) < 0) return 0; /* took a ticket, then died */
-  int bad = dcomm__ticket_parse(val, len, &tk) < 0;
+  memset(j, 0, sizeof(*j));
+  int bad = dcomm__ticket_parse(val, len, &j->t) < 0;
   free(val);
   if (bad) return 0;
-  memset(j, 0, sizeof(*j));
-  memcpy(j->id, tk.id, sizeof(j->id));
-  j->old_rank = tk.old_rank;
-  j->slot = tk.slot;
-  j->local_rank = tk.local_rank;
-  j->pid = tk.pid;
-  j->old_gen = tk.old_gen;
-  j->old_size = tk.old_size;
   j->ticket = (long)t;
   return 1;
 }
@@ -171,7 +159,7 @@ static int64_t live_tickets(struct dcomm_store *s, const struct launchers *l, lo
   for (int64_t t = 1; t <= n; t++) {
     struct joiner j;
     /* A ticket taken but not yet written counts: its holder is at work. */
-    if (!read_ticket(s, gen, t, 0.001, &j) || holder_alive(l, j.slot, j.pid)) live++;
+    if (!read_ticket(s, gen, t, 0.001, &j) || holder_alive(l, j.t.slot, j.t.pid)) live++;
   }
   return live;
 }
@@ -183,11 +171,11 @@ static int admit_nodes(struct joiner *js, int k, int max_nodes, long gen) {
   if (max_nodes <= 0) return k;
   int nodes[DCOMM_MAX_SLOTS], nn = 0, out = 0;
   for (int i = 0; i < k; i++) {
-    int known = js[i].slot <= 0;
-    for (int j = 0; j < nn && !known; j++) known = nodes[j] == js[i].slot;
+    int known = js[i].t.slot <= 0;
+    for (int j = 0; j < nn && !known; j++) known = nodes[j] == js[i].t.slot;
     if (!known) {
       if (nn >= max_nodes) continue;
-      nodes[nn++] = js[i].slot;
+      nodes[nn++] = js[i].t.slot;
     }
     js[out++] = js[i];
   }
@@ -249,9 +237,9 @@ static int quorum_reached(struct dcomm_store *s, long gen, int64_t n, const stru
   if (!L->present) return 1; /* the first world: nothing to split */
   for (int64_t t = 1; t <= n; t++) {
     struct joiner j;
-    if (!read_ticket(s, gen, t, 0.001, &j) || j.old_rank < 0 || j.old_gen != L->gen) continue;
+    if (!read_ticket(s, gen, t, 0.001, &j) || j.t.old_rank < 0 || j.t.old_gen != L->gen) continue;
     (*have)++;
-    if (j.old_size > *of) *of = j.old_size;
+    if (j.t.old_size > *of) *of = j.t.old_size;
   }
   if (*of <= 0) return 1; /* only joiners (or old tickets without sizes): nothing to compare with */
   long min = dcomm__param_int(DCOMM_P_ELASTIC_MIN_WORLD);
@@ -272,8 +260,8 @@ static void missing_members(struct dcomm_store *s, const struct launchers *l, lo
   for (int64_t t = 1; t <= n && have && have_slot; t++) {
     struct joiner j;
     if (read_ticket(s, gen, t, 0.001, &j)) {
-      have[nh] = j.pid;
-      have_slot[nh++] = j.slot;
+      have[nh] = j.t.pid;
+      have_slot[nh++] = j.t.slot;
     }
   }
   char key[64], rec[DCOMM_NODE_RECORD_MAX], host[128], list[4096];
@@ -400,10 +388,10 @@ static int lead_round_with(struct dcomm_store *s, long gen, struct launchers *l)
     /* A joiner whose node is gone died with it; a survivor may still be
      * alive, its launcher merely slower to be seen: it is kept. A holder
      * its launcher no longer runs is dead. */
-    if (l->nodes > 0 && j->old_rank < 0 && j->slot > 0 && !slot_alive(l, j->slot)) continue;
-    if (l->nodes > 0 && !holder_alive(l, j->slot, j->pid)) {
+    if (l->nodes > 0 && j->t.old_rank < 0 && j->t.slot > 0 && !slot_alive(l, j->t.slot)) continue;
+    if (l->nodes > 0 && !holder_alive(l, j->t.slot, j->t.pid)) {
       DCOMM_LOG(INFO, ELASTIC, "round %ld: ticket %lld's member (pid %ld on node slot %d) died after joining", gen,
-                (long long)t, j->pid, j->slot);
+                (long long)t, j->t.pid, j->t.slot);
       continue;
     }
     k++;
@@ -422,7 +410,7 @@ static int lead_round_with(struct dcomm_store *s, long gen, struct launchers *l)
     return dcomm__err(DCOMM_ENOMEM, "out of memory");
   }
   size_t off = (size_t)snprintf(plan, cap, "%d\n", k);
-  for (int i = 0; i < k; i++) off += (size_t)snprintf(plan + off, cap - off, "%s\n", js[i].id);
+  for (int i = 0; i < k; i++) off += (size_t)snprintf(plan + off, cap - off, "%s\n", js[i].t.id);
   free(js);
   char g[32], nkey[64];
   int gl = snprintf(g, sizeof(g), "%ld", gen);
@@ -664,14 +652,14 @@ static int world_nodes(struct dcomm_store *s, long gen, char *world_slots, int *
   int64_t n = get_long(s, key, 0);
   for (int64_t t = 1; t <= n; t++) {
     struct joiner j;
-    if (!read_ticket(s, gen, t, 0.001, &j) || j.slot <= 0 || j.slot >= DCOMM_MAX_SLOTS) continue;
+    if (!read_ticket(s, gen, t, 0.001, &j) || j.t.slot <= 0 || j.t.slot >= DCOMM_MAX_SLOTS) continue;
     /* a member of the plan? ids are whole lines */
-    size_t il = strlen(j.id);
+    size_t il = strlen(j.t.id);
     int in = 0;
-    for (char *p = strstr(plan, j.id); p && !in; p = strstr(p + 1, j.id))
+    for (char *p = strstr(plan, j.t.id); p && !in; p = strstr(p + 1, j.t.id))
       in = (p == plan || p[-1] == '\n') && p[il] == '\n';
-    if (in && !world_slots[j.slot]) {
-      world_slots[j.slot] = 1;
+    if (in && !world_slots[j.t.slot]) {
+      world_slots[j.t.slot] = 1;
       ++*nodes;
     }
   }
@@ -713,7 +701,7 @@ int dcomm__rounds_admissible(struct dcomm_store *s, long gen, int size, int64_t 
   for (int64_t t = 1; t <= n; t++) {
     struct joiner j;
     if (!read_ticket(s, gen + 1, t, 0.001, &j)) continue;
-    if (j.slot > 0 && j.slot < DCOMM_MAX_SLOTS && slots_in[j.slot]) return 1;
+    if (j.t.slot > 0 && j.t.slot < DCOMM_MAX_SLOTS && slots_in[j.t.slot]) return 1;
   }
   DCOMM_LOG(DEBUG, ELASTIC, "members of a spare node wait to join; the world spans the maximum of %d nodes already",
             max_nodes);

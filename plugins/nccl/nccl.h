@@ -186,6 +186,10 @@ int dnccl_map_result(ncclResult_t r);
 void dnccl_result_text(ncclComm_t nc, ncclResult_t r, char *buf, size_t len);
 /* Records err/why as the comm's failure (first one wins); c->mu held. */
 void dnccl_mark_failed(struct dnccl_comm *c, int err, const char *why);
+/* Asks NCCL for c->nc's asynchronous error; on one, marks c failed
+ * ("NCCL async error[ during <during>]: <text>") and returns its dcomm
+ * code, else 0. c->mu held, c->nc set. */
+int dnccl_async_failure(struct dnccl_comm *c, const char *during);
 /* Returns c's aborted/failed state as an error (detail set), or 0; c->mu held. */
 int dnccl_state_error(struct dnccl_comm *c, const char *what);
 /* Waits until c's NCCL state leaves ncclInProgress (c->mu not held; it is

@@ -72,6 +72,19 @@ void dnccl_mark_failed(struct dnccl_comm *c, int err, const char *why) {
   snprintf(c->why, sizeof(c->why), "%s", why);
 }
 
+int dnccl_async_failure(struct dnccl_comm *c, const char *during) {
+  ncclResult_t st = ncclSuccess;
+  ncclResult_t q = ncclCommGetAsyncError(c->nc, &st);
+  if (q != ncclSuccess) st = q;
+  if (st == ncclSuccess || st == ncclInProgress) return 0;
+  char text[512], why[DNCCL_WHY_LEN];
+  dnccl_result_text(c->nc, st, text, sizeof(text));
+  snprintf(why, sizeof(why), "NCCL async error%s%s: %s", during ? " during " : "", during ? during : "", text);
+  int rc = dnccl_map_result(st);
+  dnccl_mark_failed(c, rc, why);
+  return rc;
+}
+
 int dnccl_state_error(struct dnccl_comm *c, const char *what) {
   const struct dcomm_host *h = c->ctx->host;
   if (c->aborted)
@@ -545,18 +558,7 @@ static int be_async_error(void *comm) {
   const struct dcomm_host *h = c->ctx->host;
   pthread_mutex_lock(&c->mu);
   int rc = c->aborted ? c->aborted : c->failed;
-  if (!rc && c->nc) {
-    ncclResult_t st = ncclSuccess;
-    ncclResult_t q = ncclCommGetAsyncError(c->nc, &st);
-    if (q != ncclSuccess) st = q;
-    if (st != ncclSuccess && st != ncclInProgress) {
-      char text[512], why[DNCCL_WHY_LEN];
-      dnccl_result_text(c->nc, st, text, sizeof(text));
-      snprintf(why, sizeof(why), "NCCL async error: %s", text);
-      rc = dnccl_map_result(st);
-      dnccl_mark_failed(c, rc, why);
-    }
-  }
+  if (!rc && c->nc) rc = dnccl_async_failure(c, NULL);
   char why[DNCCL_WHY_LEN];
   snprintf(why, sizeof(why), "%s", c->why);
   pthread_mutex_unlock(&c->mu);

@@ -381,33 +381,23 @@ int dnccl_test(void *req, int *done) {
   if (c->aborted || c->failed || !c->nc) {
     rc = dnccl_state_error(c, what);
     fin = 1;
+  } else if ((rc = dnccl_async_failure(c, what)) != 0) {
+    rc = h->err(rc, "nccl backend: %s failed: %s", what, c->why);
+    fin = 1;
+  } else if (!r->ev) {
+    fin = 1;
   } else {
-    ncclResult_t st = ncclSuccess;
-    ncclResult_t q = ncclCommGetAsyncError(c->nc, &st);
-    if (q != ncclSuccess) st = q;
-    if (st != ncclSuccess && st != ncclInProgress) {
-      char text[512], why[DNCCL_WHY_LEN];
-      dnccl_result_text(c->nc, st, text, sizeof(text));
-      snprintf(why, sizeof(why), "NCCL async error during %s: %s", what, text);
-      rc = dnccl_map_result(st);
-      dnccl_mark_failed(c, rc, why);
-      rc = h->err(rc, "nccl backend: %s failed: %s", what, why);
+    cudaError_t e = cudaEventQuery(r->ev);
+    if (e == cudaSuccess) {
       fin = 1;
-    } else if (!r->ev) {
+    } else if (e != cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      char why[DNCCL_WHY_LEN];
+      snprintf(why, sizeof(why), "CUDA error while waiting for %s: %s [%s]", what, cudaGetErrorString(e),
+               cudaGetErrorName(e));
+      dnccl_mark_failed(c, DCOMM_EBACKEND, why);
+      rc = h->err(DCOMM_EBACKEND, "nccl backend: %s failed: %s", what, why);
       fin = 1;
-    } else {
-      cudaError_t e = cudaEventQuery(r->ev);
-      if (e == cudaSuccess) {
-        fin = 1;
-      } else if (e != cudaErrorNotReady) {
-        (void)cudaGetLastError();
-        char why[DNCCL_WHY_LEN];
-        snprintf(why, sizeof(why), "CUDA error while waiting for %s: %s [%s]", what, cudaGetErrorString(e),
-                 cudaGetErrorName(e));
-        dnccl_mark_failed(c, DCOMM_EBACKEND, why);
-        rc = h->err(DCOMM_EBACKEND, "nccl backend: %s failed: %s", what, why);
-        fin = 1;
-      }
     }
   }
   pthread_mutex_unlock(&c->mu);
