@@ -5,7 +5,9 @@
  * extra collective on a sub-group (even / odd world ranks), and checkpoints
  * every K steps. Run it under dcomm-run; --kill-rank R --kill-at-step S
  * makes that rank SIGKILL itself once, to show the job going on
- * (several ranks, "1,3", die together, right after that step's all_reduce;
+ * (several ranks, "1,3", die together, right after that step's all_reduce,
+ * once all of them got there: they meet through files beside the
+ * checkpoint folder;
  * --kill-in-save 1: inside rank 0's checkpoint save of that step;
  * --kill-in-recovery R: rank R of the rebuilt world dies during recovery).
  * The kills happen in the first life of the job only: generation 0 with
@@ -58,6 +60,7 @@ struct app {
   const char *pace_file; /* if set, sleep_ms applies only while this file exists */
   int slow_rank, slow_ms; /* this rank computes slowly at the kill step */
   const char *done_file;  /* rank 0 writes the final line here when the job finished */
+  const char *dir;        /* the checkpoint folder */
 };
 
 /* Sample i of the stream: features and target from a fixed generator. */
@@ -92,8 +95,32 @@ static int marked(const char *list, int rank) {
   return 0;
 }
 
+/* Ranks that die together first meet outside dcomm: each leaves a file
+ * beside the checkpoint folder and waits (10 s at most) for the files of
+ * the others. A marked rank that died at once could break a collective
+ * that another marked rank, slower, has not finished yet: that one would
+ * then see the failure and live on instead of dying. */
+static void meet_marked(const struct app *a, uint64_t step) {
+  char path[4096];
+  snprintf(path, sizeof(path), "%s.kill-%llu-%d", a->dir, (unsigned long long)step, dcomm_rank());
+  FILE *f = fopen(path, "w");
+  if (f) fclose(f);
+  for (int waited = 0; waited < 10000; waited++) {
+    int all = 1;
+    char buf[64];
+    snprintf(buf, sizeof(buf), "%s", a->kill_ranks);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && all; t = strtok_r(NULL, ",", &save)) {
+      snprintf(path, sizeof(path), "%s.kill-%llu-%d", a->dir, (unsigned long long)step, atoi(t));
+      all = access(path, F_OK) == 0;
+    }
+    if (all) return;
+    usleep(1000);
+  }
+}
+
 static void maybe_die(struct app *a, uint64_t step, const char *where) {
   if ((long)step == a->kill_at && first_life() && marked(a->kill_ranks, dcomm_rank())) {
+    if (a->dir && !a->kill_in_save && strchr(a->kill_ranks, ',')) meet_marked(a, step);
     fprintf(stderr, "rank %d: killing myself at step %llu (%s)\n", dcomm_rank(), (unsigned long long)step, where);
     raise(SIGKILL);
   }
@@ -104,7 +131,8 @@ static int step_fn(uint64_t step, void *user) {
   int rank = dcomm_rank(), size = dcomm_world_size();
   /* Several ranks marked die together: after the step's world all_reduce,
    * which every rank reaches, so none of them is still finishing the step
-   * before when the first death revokes the generation. */
+   * before when the first death revokes the generation; and only once all
+   * of them finished it (meet_marked). */
   int together = strchr(a->kill_ranks, ',') != NULL;
   if (!a->kill_in_save && !together) maybe_die(a, step, "--kill-rank");
   if (a->sleep_ms > 0 && (!a->pace_file || access(a->pace_file, F_OK) == 0)) usleep((useconds_t)a->sleep_ms * 1000);
@@ -222,6 +250,7 @@ int main(int argc, char **argv) {
     else usage();
   }
   if (steps <= 0 || (a.every > 0 && !dir)) usage();
+  a.dir = dir;
   setvbuf(stdout, NULL, _IOLBF, 0);
   int rc = dcomm_init(NULL, NULL);
   if (rc == DCOMM_ENOTMEMBER) { /* a joiner the job finished without */
