@@ -7,6 +7,8 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -29,6 +31,20 @@ int mp_free_port(void) {
   }
   close(s);
   return ntohs(a.sin_port);
+}
+
+/* Before the harness kills a rank that ran past its time: every thread's
+ * stack, by gdb when the machine has it (bounded to 30 s), so that a hang
+ * seen once in CI names where each rank waited. */
+static void print_stacks(int rank, pid_t pid) {
+  if (system("command -v gdb >/dev/null 2>&1") != 0) return;
+  char cmd[512];
+  snprintf(cmd, sizeof(cmd),
+           "timeout 30 gdb -p %d -batch -nx -ex 'thread apply all bt 24' 2>/dev/null | "
+           "grep -E '^(Thread|#)' | sed 's/^/[rank %d stack] /' >&2",
+           (int)pid, rank);
+  fflush(stderr);
+  if (system(cmd) != 0) fprintf(stderr, "[rank %d stack] gdb could not read it\n", rank);
 }
 
 int mp_run_ex(int size, mp_body body, void *arg, double timeout_s, int no_init, struct mp_result *res) {
@@ -75,6 +91,14 @@ int mp_run_ex(int size, mp_body body, void *arg, double timeout_s, int no_init, 
       continue;
     }
     if (mp_now() > deadline) {
+      /* The stacks of all first (up to 8 ranks), while each still waits
+       * where it hung: a kill would move the others on. */
+      for (int r = 0, shown = 0; r < size && shown < 8; r++)
+        if (pids[r] > 0) {
+          fprintf(stderr, "harness: rank %d still running after %.0f s: its threads' stacks\n", r, timeout_s);
+          print_stacks(r, pids[r]);
+          shown++;
+        }
       for (int r = 0; r < size; r++)
         if (pids[r] > 0) {
           fprintf(stderr, "harness: rank %d still running after %.0f s: killed\n", r, timeout_s);
