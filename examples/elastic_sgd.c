@@ -51,7 +51,7 @@ struct app {
   int has_parity;       /* a member that joined later has no such group */
   int named_parity;     /* made with dcomm_new_group_named on its members */
   double lr;
-  char kill_ranks[64]; /* comma-separated ranks that die at kill_at */
+  int kill[16], nkill; /* --kill-rank A,B,...: the ranks that die at kill_at */
   long kill_at;
   int kill_in_save;     /* die inside the checkpoint save instead */
   int kill_in_recovery; /* this rank (of the new world) dies while recovering */
@@ -87,11 +87,18 @@ static int first_life(void) {
   return dcomm_generation() == first_generation && !dcomm_elastic_is_joiner() && (!rc || !strcmp(rc, "0"));
 }
 
-static int marked(const char *list, int rank) {
-  char buf[64];
+/* --kill-rank's comma-separated list, parsed once. */
+static void parse_kill_list(struct app *a, const char *list) {
+  char buf[256];
   snprintf(buf, sizeof(buf), "%s", list);
-  for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
-    if (atoi(t) == rank) return 1;
+  a->nkill = 0;
+  for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && a->nkill < 16; t = strtok_r(NULL, ",", &save))
+    a->kill[a->nkill++] = atoi(t);
+}
+
+static int marked(const struct app *a, int rank) {
+  for (int i = 0; i < a->nkill; i++)
+    if (a->kill[i] == rank) return 1;
   return 0;
 }
 
@@ -107,10 +114,8 @@ static void meet_marked(const struct app *a, uint64_t step) {
   if (f) fclose(f);
   for (int waited = 0; waited < 10000; waited++) {
     int all = 1;
-    char buf[64];
-    snprintf(buf, sizeof(buf), "%s", a->kill_ranks);
-    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && all; t = strtok_r(NULL, ",", &save)) {
-      snprintf(path, sizeof(path), "%s.kill-%llu-%d", a->dir, (unsigned long long)step, atoi(t));
+    for (int i = 0; i < a->nkill && all; i++) {
+      snprintf(path, sizeof(path), "%s.kill-%llu-%d", a->dir, (unsigned long long)step, a->kill[i]);
       all = access(path, F_OK) == 0;
     }
     if (all) return;
@@ -119,8 +124,8 @@ static void meet_marked(const struct app *a, uint64_t step) {
 }
 
 static void maybe_die(struct app *a, uint64_t step, const char *where) {
-  if ((long)step == a->kill_at && first_life() && marked(a->kill_ranks, dcomm_rank())) {
-    if (a->dir && !a->kill_in_save && strchr(a->kill_ranks, ',')) meet_marked(a, step);
+  if ((long)step == a->kill_at && first_life() && marked(a, dcomm_rank())) {
+    if (a->dir && !a->kill_in_save && a->nkill > 1) meet_marked(a, step);
     fprintf(stderr, "rank %d: killing myself at step %llu (%s)\n", dcomm_rank(), (unsigned long long)step, where);
     raise(SIGKILL);
   }
@@ -133,7 +138,7 @@ static int step_fn(uint64_t step, void *user) {
    * which every rank reaches, so none of them is still finishing the step
    * before when the first death revokes the generation; and only once all
    * of them finished it (meet_marked). */
-  int together = strchr(a->kill_ranks, ',') != NULL;
+  int together = a->nkill > 1;
   if (!a->kill_in_save && !together) maybe_die(a, step, "--kill-rank");
   if (a->sleep_ms > 0 && (!a->pace_file || access(a->pace_file, F_OK) == 0)) usleep((useconds_t)a->sleep_ms * 1000);
   if (a->slow_rank == rank && (long)step == a->kill_at && first_life()) usleep((useconds_t)a->slow_ms * 1000);
@@ -241,7 +246,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--pace-file")) a.pace_file = argv[++i];
     else if (!strcmp(argv[i], "--slow-rank")) a.slow_rank = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--slow-ms")) a.slow_ms = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--kill-rank")) snprintf(a.kill_ranks, sizeof(a.kill_ranks), "%s", argv[++i]);
+    else if (!strcmp(argv[i], "--kill-rank")) parse_kill_list(&a, argv[++i]);
     else if (!strcmp(argv[i], "--kill-in-save")) a.kill_in_save = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--kill-in-recovery")) a.kill_in_recovery = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--kill-at-step")) a.kill_at = atol(argv[++i]);

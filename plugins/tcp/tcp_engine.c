@@ -458,8 +458,11 @@ static int arm_rings(struct tcp_comm *c, struct tcp_xop *ops, int n, const struc
   for (int i = 0; i < n; i++) {
     struct tcp_peer *p = &c->peers[ops[i].peer];
     if (ops[i].complete || !p->shm || p->closed) continue;
-    /* A single-copy send waits for its ack, which comes in the rx ring. */
-    ready |= ops[i].is_send && !ops[i].cma ? tcp_shm_arm_tx(p->shm) : tcp_shm_arm_rx(p->shm);
+    /* A single-copy send waits for its ack, which comes in the rx ring; a
+     * single-copy receive that has read everything waits for room for its
+     * ack in the tx ring (progress_recv_cma found none). */
+    int wants_room = ops[i].is_send ? !ops[i].cma : ops[i].cma && ops[i].done >= ops[i].len;
+    ready |= wants_room ? tcp_shm_arm_tx(p->shm) : tcp_shm_arm_rx(p->shm);
   }
   for (int r = 0; r < c->size; r++) {
     struct tcp_peer *p = &c->peers[r];
