@@ -181,14 +181,35 @@ START_TEST(test_large) {
 }
 END_TEST
 
-/* Both all_reduce algorithms, forced, give the same exact answers. */
-static int body_algo(int rank, int n, void *arg) {
-  const size_t counts[] = {1, 5, 4099, 300001};
-  for (size_t i = 0; i < 4; i++)
+/* The reducing collectives at each count, every op, every third dtype. */
+static int reducing_matrix(int rank, int n, const size_t *counts, size_t ncounts) {
+  for (size_t i = 0; i < ncounts; i++)
     for (int op = 0; op < DCOMM_OP_COUNT; op++)
       for (size_t d = 0; d < NDT; d += 3)
         if (dcomm__op_dtype_ok(op, (int)all_dtypes[d]) && run_reducing(rank, n, all_dtypes[d], (dcomm_op_t)op, counts[i]))
           return 1;
+  return 0;
+}
+
+/* Both all_reduce algorithms, forced, give the same exact answers. */
+static int body_algo(int rank, int n, void *arg) {
+  const size_t counts[] = {1, 5, 4099, 300001};
+  return reducing_matrix(rank, n, counts, 4);
+}
+
+/* all_reduce of count random float32 (seeded with seed + rank) leaves the
+ * same bits on every rank; buf keeps the result. */
+static int equal_on_all(int rank, int n, float *buf, size_t count, unsigned seed) {
+  float *all = malloc(count * sizeof(float) * (size_t)n);
+  MP_REQUIRE(all != NULL, "malloc");
+  srand(seed + (unsigned)rank);
+  for (size_t k = 0; k < count; k++) buf[k] = (float)rand() / (float)RAND_MAX - 0.5f;
+  int rc = dcomm_all_reduce(buf, count, DCOMM_FLOAT32, DCOMM_SUM, NULL);
+  if (rc == 0) rc = dcomm_all_gather(buf, all, count, DCOMM_FLOAT32, NULL);
+  for (int r = 1; r < n && rc == 0; r++)
+    if (memcmp(all, all + (size_t)r * count, count * sizeof(float))) rc = r;
+  free(all);
+  MP_REQUIRE(rc == 0, "all_reduce/all_gather failed or rank %d's result differs from rank 0's", rc);
   return 0;
 }
 
@@ -200,16 +221,56 @@ START_TEST(test_algo_forced) {
 }
 END_TEST
 
+/* Several hosts, made on this one with DCOMM_HOST_ID: all_reduce goes
+ * hierarchical (each host reduces into its lowest rank, the hosts' leaders
+ * exchange, each leader broadcasts), forced or chosen by itself; reduce
+ * shares its tree. Layouts: 7 ranks on hosts of 3, 1, 2 and 1 members,
+ * interleaved (4 leaders), and 6 ranks on hosts of 3, 2 and 1 (3
+ * leaders: the doubling between leaders folds one in). */
+static const int host_layouts[2][7] = {{0, 1, 0, 2, 0, 3, 2}, {0, 0, 1, 1, 0, 2, -1}};
+
+static int body_hosts(int rank, int n, void *arg) {
+  const int *layout = arg;
+  char id[16];
+  snprintf(id, sizeof(id), "h%d", layout[rank]);
+  setenv("DCOMM_HOST_ID", id, 1);
+  MP_OK(dcomm_init("tcp", getenv("DCOMM_TEST_URL")));
+  const size_t counts[] = {1, 5, 4099, 30001};
+  if (reducing_matrix(rank, n, counts, 4)) return 1;
+  float bits[20011];
+  if (equal_on_all(rank, n, bits, 20011, 99)) return 1;
+  /* A sub-group without rank 0 (another leader for its host). */
+  int members[7], m = 0;
+  for (int r = 1; r < n; r++) members[m++] = r;
+  dcomm_group_t g = NULL;
+  MP_OK(dcomm_new_group(members, m, &g));
+  if (rank > 0) {
+    int64_t v[3] = {rank, 1, -rank}, want = (int64_t)n * (n - 1) / 2;
+    MP_OK(dcomm_all_reduce(v, 3, DCOMM_INT64, DCOMM_SUM, g));
+    MP_REQUIRE(v[0] == want && v[1] == m && v[2] == -want, "group all_reduce: %lld %lld %lld", (long long)v[0],
+               (long long)v[1], (long long)v[2]);
+  }
+  return dcomm_finalize();
+}
+
+START_TEST(test_hosts) {
+  const int *layout = host_layouts[_i / 2];
+  int n = 0;
+  while (n < 7 && layout[n] >= 0) n++;
+  if (_i % 2) setenv("DCOMM_ALGO", "hier", 1);
+  struct mp_result res;
+  int failed = mp_run_ex(n, body_hosts, (void *)layout, 120, 1, &res);
+  unsetenv("DCOMM_ALGO");
+  ck_assert_int_eq(failed, 0);
+}
+END_TEST
+
 /* Random float32 data: every rank ends with bit-identical results. */
 static int body_identical(int rank, int n, void *arg) {
   size_t count = 200003;
-  float *buf = malloc(count * sizeof(float)), *all = malloc(count * sizeof(float) * (size_t)n);
-  srand(1234 + rank);
-  for (size_t k = 0; k < count; k++) buf[k] = (float)rand() / (float)RAND_MAX - 0.5f;
-  MP_OK(dcomm_all_reduce(buf, count, DCOMM_FLOAT32, DCOMM_SUM, NULL));
-  MP_OK(dcomm_all_gather(buf, all, count, DCOMM_FLOAT32, NULL));
-  for (int r = 1; r < n; r++)
-    MP_REQUIRE(memcmp(all, all + (size_t)r * count, count * sizeof(float)) == 0, "rank %d's result differs from rank 0's", r);
+  float *buf = malloc(count * sizeof(float));
+  MP_REQUIRE(buf != NULL, "malloc");
+  if (equal_on_all(rank, n, buf, count, 1234)) return 1;
   /* and they are close to the serial sum */
   for (size_t k = 0; k < count; k += 997) {
     double want = 0;
@@ -222,9 +283,53 @@ static int body_identical(int rank, int n, void *arg) {
     MP_REQUIRE(fabs(buf[k] - want) < 1e-5, "element %zu: %g vs %g", k, buf[k], want);
     if (k > 20000) break;
   }
-  free(buf), free(all);
+  free(buf);
   return 0;
 }
+
+/* Single-copy sends to a peer this rank does not receive from (the chain
+ * broadcast's root, the ring's sender): the ACK and the WAKE that comes
+ * with it may be taken while the engine looks at its watched links just
+ * before sleeping, and the engine must then look again instead of
+ * sleeping on a wake-up already consumed (a hang found in CI). Many short
+ * collectives make that window come up; each must finish in time. */
+static int body_wakeups(int rank, int n, void *arg) {
+  size_t count = 4096; /* 16 KiB of float32: single copy from 4 KiB */
+  float *buf = malloc(count * sizeof(float));
+  MP_REQUIRE(buf != NULL, "malloc");
+  double until = mp_now() + 4.0;
+  for (int it = 0;; it++) {
+    int root = it % n;
+    for (size_t k = 0; k < count; k += 1024) buf[k] = rank == root ? (float)(it + k) : -1.0f;
+    MP_OK(dcomm_broadcast(buf, count, DCOMM_FLOAT32, root, NULL));
+    MP_REQUIRE(buf[count - 1024] == (float)(it + count - 1024), "broadcast %d: got %g", it, buf[count - 1024]);
+    for (size_t k = 0; k < count; k++) buf[k] = 1.0f;
+    MP_OK(dcomm_all_reduce(buf, count, DCOMM_FLOAT32, DCOMM_SUM, NULL));
+    MP_REQUIRE(buf[7] == (float)n, "all_reduce %d: got %g", it, buf[7]);
+    /* the ranks' clocks differ: they agree on whether to go on */
+    int64_t more = mp_now() < until;
+    MP_OK(dcomm_all_reduce(&more, 1, DCOMM_INT64, DCOMM_MIN, NULL));
+    if (!more) break;
+  }
+  free(buf);
+  return 0;
+}
+
+START_TEST(test_wakeups) {
+  setenv("DCOMM_TRANSPORT", "shm", 1);
+  setenv("DCOMM_SHM_CMA_MIN", "4096", 1);
+  setenv("DCOMM_SHM_CMA_FWD_MIN", "4096", 1);
+  setenv("DCOMM_ALGO", _i ? "ring,broadcast=pipeline" : "ring,broadcast=tree", 1);
+  setenv("DCOMM_TCP_CHUNK_SIZE", "4096", 1); /* four pipeline segments */
+  int failed = mp_run(4 + _i, body_wakeups, NULL, 60);
+  unsetenv("DCOMM_TRANSPORT");
+  unsetenv("DCOMM_SHM_CMA_MIN");
+  unsetenv("DCOMM_SHM_CMA_FWD_MIN");
+  unsetenv("DCOMM_ALGO");
+  unsetenv("DCOMM_TCP_CHUNK_SIZE");
+  ck_assert_int_eq(failed, 0);
+}
+END_TEST
 
 START_TEST(test_identical) { ck_assert_int_eq(mp_run(3, body_identical, NULL, 60), 0); }
 END_TEST
@@ -706,12 +811,17 @@ int main(void) {
   tcase_add_test(tc, test_matrix_5);
   tcase_add_loop_test(tc, test_large, 0, 4);
   tcase_add_loop_test(tc, test_algo_forced, 0, 4);
+  tcase_add_loop_test(tc, test_hosts, 0, 4);
   tcase_add_test(tc, test_identical);
   tcase_add_test(tc, test_p2p);
   tcase_add_test(tc, test_barrier);
   tcase_add_loop_test(tc, test_transport, 0, 6);
   tcase_add_test(tc, test_cma_probe);
   tcase_add_test(tc, test_cpu_sharing);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("wakeups");
+  tcase_set_timeout(tc, 150);
+  tcase_add_loop_test(tc, test_wakeups, 0, 2);
   suite_add_tcase(s, tc);
   tc = tcase_create("bitwise_alltoallv");
   tcase_set_timeout(tc, 200);

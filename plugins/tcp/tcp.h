@@ -60,7 +60,7 @@ struct tcp_hdr {
 struct tcp_uq;  /* a queued unexpected p2p message */
 struct tcp_shm; /* a shared-memory link (tcp_shm.c) */
 
-enum tcp_ar_algo { TCP_AR_AUTO = 0, TCP_AR_RING, TCP_AR_RD };
+enum tcp_ar_algo { TCP_AR_AUTO = 0, TCP_AR_RING, TCP_AR_RD, TCP_AR_HIER };
 enum tcp_bcast_algo { TCP_BCAST_AUTO = 0, TCP_BCAST_TREE, TCP_BCAST_PIPELINE };
 enum tcp_transport { TCP_TR_AUTO = 0, TCP_TR_SHM, TCP_TR_TCP };
 #define TCP_HOST_ID_LEN 112
@@ -136,6 +136,15 @@ struct tcp_tuning {
 
 struct tcp_req;
 
+/* How a communicator's members sit on hosts (tcp_topo.c). */
+struct tcp_topo {
+  int nhosts;    /* distinct hosts among the members */
+  int *local;    /* the members on this rank's host, ascending: local[0] leads it */
+  int nlocal, local_me;
+  int *leaders;  /* each host's leader (its lowest rank), ascending */
+  int leader_me; /* this rank's index in leaders; -1: not a leader */
+};
+
 struct tcp_comm {
   struct tcp_ctx *ctx;
   struct tcp_tuning t;
@@ -164,6 +173,7 @@ struct tcp_comm {
   int ep_init;         /* every link registered once */
   int *woff, nwoff;    /* links held back (watch_off) until the next step */
   int nshm;            /* links in shared memory */
+  struct tcp_topo topo;
   uint64_t uq_serial;  /* unexpected messages completed so far (arrival order) */
   size_t tmp_cap;
   /* request queue (tcp_backend.c) */
@@ -178,6 +188,10 @@ struct tcp_comm {
 int tcp_listen_and_publish(struct tcp_ctx *ctx);
 int tcp_connect_mesh(struct tcp_ctx *ctx, struct tcp_comm *c, double deadline);
 void tcp_close_parked(struct tcp_ctx *ctx);
+
+/* tcp_topo.c: the host map of a communicator, built once its links are */
+int tcp_topo_build(struct tcp_comm *c);
+void tcp_topo_free(struct tcp_topo *t);
 
 /* tcp_shrink.c: comm_shrink, a new mesh among the survivors */
 int tcp_comm_shrink(void *comm, const int *exclude, int nexclude, const struct dcomm_comm_spec *spec, void **out);

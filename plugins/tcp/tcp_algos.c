@@ -3,6 +3,9 @@
  * sequence of tcp_xfer steps:
  *   all_reduce      recursive doubling for small messages (latency), ring
  *                   reduce-scatter + all-gather for large ones (bandwidth);
+ *                   small ones hierarchical when the members span several
+ *                   hosts (host-local tree, doubling between the hosts'
+ *                   leaders, host-local broadcast: tcp_topo.c's map);
  *                   every rank ends with bit-identical results;
  *   reduce          binomial tree into the root (receives reduce in place);
  *   broadcast       binomial tree from the root for small messages, a
@@ -35,6 +38,19 @@ void *tcp_scratch(struct tcp_comm *c, size_t len) {
 }
 
 static int mod(int a, int n) { return ((a % n) + n) % n; }
+
+/* The members a tree or doubling algorithm runs over: index i is rank
+ * m[i] of the communicator (m NULL: rank i), me this rank's index. The
+ * whole communicator is one span; the hierarchical all_reduce runs the
+ * same code over a host's members and over the hosts' leaders. */
+struct span {
+  const int *m;
+  int n, me;
+};
+
+static int at(const struct span *s, int i) { return s->m ? s->m[i] : i; }
+
+static struct span whole(const struct tcp_comm *c) { return (struct span){NULL, c->size, c->rank}; }
 
 /* Element range of segment i when count elements are cut into n pieces. */
 static void seg(size_t count, int n, int i, size_t *off, size_t *cnt) {
@@ -92,11 +108,12 @@ static void finish_avg(struct tcp_comm *c, const struct dcomm_coll_args *a, void
   if (a->op == DCOMM_AVG) c->ctx->host->scale_div(buf, count, a->dtype, c->size);
 }
 
-/* Recursive doubling; non-powers of two fold the extra ranks in first. */
-static int allreduce_rd(struct tcp_comm *c, const struct dcomm_coll_args *a) {
+/* Recursive doubling over a span, in place in recvbuf; non-powers of two
+ * fold the extra members in first. */
+static int rd_span(struct tcp_comm *c, const struct dcomm_coll_args *a, const struct span *sp) {
   const struct dcomm_host *h = c->ctx->host;
   size_t es = dcomm_dtype_size(a->dtype), len = a->count * es;
-  int n = c->size, r = c->rank, p = 1;
+  int n = sp->n, r = sp->me, p = 1;
   while (p * 2 <= n) p *= 2;
   int rem = n - p;
   char *buf = a->recvbuf;
@@ -105,10 +122,10 @@ static int allreduce_rd(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   int vr;
   if (r < 2 * rem) {
     if (r % 2 == 0) {
-      TCP_CHECK(send1(c, a, r + 1, buf, len, 1));
+      TCP_CHECK(send1(c, a, at(sp, r + 1), buf, len, 1));
       vr = -1;
     } else {
-      TCP_CHECK(recv1(c, a, r - 1, buf, len, 1));
+      TCP_CHECK(recv1(c, a, at(sp, r - 1), buf, len, 1));
       vr = r / 2;
     }
   } else {
@@ -117,7 +134,7 @@ static int allreduce_rd(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   if (vr >= 0) {
     for (int mask = 1; mask < p; mask <<= 1) {
       int vpeer = vr ^ mask;
-      int peer = vpeer < rem ? vpeer * 2 + 1 : vpeer + rem;
+      int peer = at(sp, vpeer < rem ? vpeer * 2 + 1 : vpeer + rem);
       if (tcp_sends_now(c, peer, len, 1)) {
         /* The whole buffer is in the ring before anything arrives in it:
          * reduce the partner's data straight from the ring. */
@@ -131,10 +148,16 @@ static int allreduce_rd(struct tcp_comm *c, const struct dcomm_coll_args *a) {
     }
   }
   if (r < 2 * rem) {
-    if (r % 2 == 0) TCP_CHECK(recv1(c, a, r + 1, buf, len, 0));
-    else TCP_CHECK(send1(c, a, r - 1, buf, len, 1));
+    if (r % 2 == 0) TCP_CHECK(recv1(c, a, at(sp, r + 1), buf, len, 0));
+    else TCP_CHECK(send1(c, a, at(sp, r - 1), buf, len, 1));
   }
-  finish_avg(c, a, buf, a->count);
+  return 0;
+}
+
+static int allreduce_rd(struct tcp_comm *c, const struct dcomm_coll_args *a) {
+  struct span all = whole(c);
+  TCP_CHECK(rd_span(c, a, &all));
+  finish_avg(c, a, a->recvbuf, a->count);
   return 0;
 }
 
@@ -164,24 +187,16 @@ static int allreduce_ring(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   return 0;
 }
 
-static int allreduce(struct tcp_comm *c, const struct dcomm_coll_args *a) {
-  size_t bytes = a->count * dcomm_dtype_size(a->dtype);
-  if (c->size == 1) return 0;
-  int algo = c->t.algo;
-  if (algo == TCP_AR_AUTO) algo = (bytes <= c->t.small || a->count < (size_t)c->size) ? TCP_AR_RD : TCP_AR_RING;
-  if (algo == TCP_AR_RING && a->count < (size_t)c->size) algo = TCP_AR_RD;
-  return algo == TCP_AR_RING ? allreduce_ring(c, a) : allreduce_rd(c, a);
-}
-
-/* Binomial tree on ranks relative to the root. */
-static int reduce_tree(struct tcp_comm *c, const struct dcomm_coll_args *a) {
+/* Binomial tree over a span into its member of index root (in place in
+ * its recvbuf); the others leave their recvbuf as it was. */
+static int reduce_tree_span(struct tcp_comm *c, const struct dcomm_coll_args *a, const struct span *sp, int root) {
   size_t len = a->count * dcomm_dtype_size(a->dtype);
-  int n = c->size, vr = mod(c->rank - a->root, n);
+  int n = sp->n, vr = mod(sp->me - root, n);
   char *acc = a->recvbuf; /* the root accumulates in place */
   int copied = 0;
   for (int mask = 1; mask < n; mask <<= 1) {
     if (vr & mask) {
-      return send1(c, a, mod(vr - mask + a->root, n), copied ? acc : a->recvbuf, len, copied);
+      return send1(c, a, at(sp, mod(vr - mask + root, n)), copied ? acc : a->recvbuf, len, copied);
     }
     if (vr + mask < n) {
       const void *from = NULL;
@@ -191,19 +206,26 @@ static int reduce_tree(struct tcp_comm *c, const struct dcomm_coll_args *a) {
         from = a->recvbuf;
         copied = 1;
       }
-      TCP_CHECK(recv_acc(c, a, mod(vr + mask + a->root, n), acc, len, 1, from));
+      TCP_CHECK(recv_acc(c, a, at(sp, mod(vr + mask + root, n)), acc, len, 1, from));
     }
   }
-  finish_avg(c, a, a->recvbuf, a->count);
   return 0;
 }
 
-static int bcast_tree(struct tcp_comm *c, const struct dcomm_coll_args *a) {
+static int reduce_tree(struct tcp_comm *c, const struct dcomm_coll_args *a) {
+  struct span all = whole(c);
+  TCP_CHECK(reduce_tree_span(c, a, &all, a->root));
+  if (c->rank == a->root) finish_avg(c, a, a->recvbuf, a->count);
+  return 0;
+}
+
+/* Binomial tree over a span from its member of index root. */
+static int bcast_tree_span(struct tcp_comm *c, const struct dcomm_coll_args *a, const struct span *sp, int root) {
   size_t len = a->count * dcomm_dtype_size(a->dtype);
-  int n = c->size, vr = mod(c->rank - a->root, n), mask = 1;
+  int n = sp->n, vr = mod(sp->me - root, n), mask = 1;
   while (mask < n) {
     if (vr & mask) {
-      TCP_CHECK(recv1(c, a, mod(vr - mask + a->root, n), a->recvbuf, len, 0));
+      TCP_CHECK(recv1(c, a, at(sp, mod(vr - mask + root, n)), a->recvbuf, len, 0));
       break;
     }
     mask <<= 1;
@@ -212,8 +234,46 @@ static int bcast_tree(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   int k = 0;
   for (mask >>= 1; mask > 0; mask >>= 1)
     if (vr + mask < n)
-      ops[k++] = (struct tcp_xop){.peer = mod(vr + mask + a->root, n), .is_send = 1, .sbuf = a->recvbuf, .len = len, .fwd = vr != 0};
+      ops[k++] = (struct tcp_xop){.peer = at(sp, mod(vr + mask + root, n)), .is_send = 1, .sbuf = a->recvbuf, .len = len, .fwd = vr != 0};
   return k ? tcp_xfer(c, ops, k, a) : 0;
+}
+
+static int bcast_tree(struct tcp_comm *c, const struct dcomm_coll_args *a) {
+  struct span all = whole(c);
+  return bcast_tree_span(c, a, &all, a->root);
+}
+
+/* Hierarchical: the members of each host reduce into its leader (through
+ * shared memory), the leaders all-reduce by recursive doubling across
+ * hosts, and each leader broadcasts the result on its host. Per host one
+ * rank's data crosses hosts, whatever the ranks per host (recursive
+ * doubling over all ranks sends each rank's whole buffer across hosts
+ * log2(hosts) times). Every rank ends with its leader's bits, and the
+ * leaders' are identical (commutative ops, as in rd). */
+static int allreduce_hier(struct tcp_comm *c, const struct dcomm_coll_args *a) {
+  const struct tcp_topo *t = &c->topo;
+  struct span local = {t->local, t->nlocal, t->local_me}, leaders = {t->leaders, t->nhosts, t->leader_me};
+  TCP_CHECK(reduce_tree_span(c, a, &local, 0));
+  if (local.me == 0) {
+    TCP_CHECK(rd_span(c, a, &leaders));
+    finish_avg(c, a, a->recvbuf, a->count);
+  }
+  return bcast_tree_span(c, a, &local, 0);
+}
+
+/* Hierarchy pays where a host holds several members and there are
+ * several hosts; with one member per host or one host it is rd. */
+static int spans_hosts(const struct tcp_comm *c) { return c->topo.nhosts > 1 && c->topo.nhosts < c->size; }
+
+static int allreduce(struct tcp_comm *c, const struct dcomm_coll_args *a) {
+  size_t bytes = a->count * dcomm_dtype_size(a->dtype);
+  if (c->size == 1) return 0;
+  int algo = c->t.algo;
+  if (algo == TCP_AR_AUTO) algo = (bytes <= c->t.small || a->count < (size_t)c->size) ? TCP_AR_RD : TCP_AR_RING;
+  if (algo == TCP_AR_RING && a->count < (size_t)c->size) algo = TCP_AR_RD;
+  if (c->t.algo == TCP_AR_AUTO && algo == TCP_AR_RD && spans_hosts(c)) algo = TCP_AR_HIER;
+  if (algo == TCP_AR_HIER) return allreduce_hier(c, a);
+  return algo == TCP_AR_RING ? allreduce_ring(c, a) : allreduce_rd(c, a);
 }
 
 /* Chain root -> root+1 -> ...: at step t a rank receives segment t from

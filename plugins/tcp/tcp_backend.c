@@ -39,19 +39,19 @@ static int pick(const char *word, size_t len, const char *const *names, int n) {
   return -1;
 }
 
-/* DCOMM_ALGO: "auto", "ring" and "rd" name all_reduce algorithms;
+/* DCOMM_ALGO: "auto", "ring", "rd" and "hier" name all_reduce algorithms;
  * "all_reduce=..." and "broadcast=..." set one collective's. */
 static int parse_algo(struct tcp_tuning *t, const char *s) {
-  static const char *const ar[] = {"auto", "ring", "rd"}, *const bc[] = {"auto", "tree", "pipeline"};
+  static const char *const ar[] = {"auto", "ring", "rd", "hier"}, *const bc[] = {"auto", "tree", "pipeline"};
   while (*s) {
     size_t len = strcspn(s, ",");
     const char *eq = memchr(s, '=', len);
     int v;
     if (!eq) {
-      if ((v = pick(s, len, ar, 3)) < 0) return -1;
+      if ((v = pick(s, len, ar, 4)) < 0) return -1;
       t->algo = v;
     } else if ((size_t)(eq - s) == 10 && !strncmp(s, "all_reduce", 10)) {
-      if ((v = pick(eq + 1, len - 11, ar, 3)) < 0) return -1;
+      if ((v = pick(eq + 1, len - 11, ar, 4)) < 0) return -1;
       t->algo = v;
     } else if ((size_t)(eq - s) == 9 && !strncmp(s, "broadcast", 9)) {
       if ((v = pick(eq + 1, len - 10, bc, 3)) < 0) return -1;
@@ -78,7 +78,7 @@ static int tcp_read_tuning(const struct dcomm_host *host, struct tcp_tuning *t) 
   const char *algo = host->param("DCOMM_ALGO");
   if (algo && parse_algo(t, algo) < 0)
     return host->err(DCOMM_EINVAL,
-                     "DCOMM_ALGO='%s' is not a comma-separated list of auto, ring, rd, all_reduce=auto|ring|rd, "
+                     "DCOMM_ALGO='%s' is not a comma-separated list of auto, ring, rd, hier, all_reduce=auto|ring|rd|hier, "
                      "broadcast=auto|tree|pipeline",
                      algo);
   return 0;
@@ -111,7 +111,9 @@ static int tcp_init(const struct dcomm_host *host, void **out) {
   ctx->shm_ring = tcp_shm_ring_size(param_size(host, "DCOMM_SHM_RING_SIZE", 1048576));
   ctx->shm_budget = param_size(host, "DCOMM_SHM_HOST_BUDGET", (size_t)1 << 28);
   tcp_cpus_own(ctx);
-  tcp_host_id(ctx->host_id, sizeof(ctx->host_id));
+  const char *hid = host->param("DCOMM_HOST_ID");
+  if (hid && *hid) snprintf(ctx->host_id, sizeof(ctx->host_id), "id:%s", hid);
+  else tcp_host_id(ctx->host_id, sizeof(ctx->host_id));
   rc = tcp_listen_and_publish(ctx);
   if (rc < 0) {
     if (ctx->lfd >= 0) close(ctx->lfd);
@@ -144,6 +146,7 @@ static void comm_free(struct tcp_comm *c) {
   free(c->stage[1]);
   free(c->tmp);
   free(c->cma_stage);
+  tcp_topo_free(&c->topo);
   free(c->world_ranks);
   free(c->recv_mark);
   free(c->pf);
@@ -183,6 +186,7 @@ static int tcp_comm_create(void *vctx, const struct dcomm_comm_spec *spec, void 
   memcpy(c->world_ranks, spec->world_ranks, sizeof(int) * (size_t)spec->size);
   for (int i = 0; i < spec->size; i++) c->peers[i].fd = -1;
   int rc = tcp_connect_mesh(ctx, c, spec->deadline);
+  if (rc == 0) rc = tcp_topo_build(c);
   if (rc < 0) {
     atomic_store(&c->error, rc); /* no goodbyes on a half-built mesh */
     comm_free(c);
@@ -361,7 +365,9 @@ static const struct dcomm_backend_param tcp_params[] = {
     {"DCOMM_TCP_SMALL_THRESHOLD", "size", "262144",
      "all_reduce messages up to this many bytes use recursive doubling, larger ones the ring; broadcasts: binomial tree, larger ones a pipelined chain."},
     {"DCOMM_ALGO", "str", "auto",
-     "Force tcp algorithms, comma-separated: auto, ring or rd (all_reduce; also all_reduce=...), broadcast=auto|tree|pipeline."},
+     "Force tcp algorithms, comma-separated: auto, ring, rd or hier (all_reduce; also all_reduce=...), broadcast=auto|tree|pipeline."},
+    {"DCOMM_HOST_ID", "str", "",
+     "This process's host identity for the tcp backend (default: the kernel's boot id and the host name). Members with equal ids are one host: they link through shared memory, and hierarchical collectives reduce among them first. Set it to split one machine into several hosts (containers that must not share memory, tests)."},
     {"DCOMM_TRANSPORT", "str", "auto",
      "tcp backend links between members on one host: auto (shared memory when both ends are on one host, else TCP), shm (shared memory only; fails if a member is elsewhere) or tcp."},
     {"DCOMM_SHM_RING_SIZE", "size", "1048576",

@@ -467,8 +467,17 @@ static int arm_rings(struct tcp_comm *c, struct tcp_xop *ops, int n, const struc
   for (int r = 0; r < c->size; r++) {
     struct tcp_peer *p = &c->peers[r];
     if (!p->shm || c->recv_mark[r] || p->closed || p->departed || p->watch_off) continue;
-    /* A watched ring: what is already there is looked at now. */
-    if (tcp_shm_arm_rx(p->shm)) TCP_CHECK(watch_peer(c, r, a));
+    /* A watched ring: what is already there is looked at now, and the
+     * engine looks again before sleeping. The ring may be a send op's
+     * (a single-copy send to a peer this step does not receive from):
+     * watch_peer then takes the op's ACK, and with it the WAKE its peer
+     * sent on the socket, so sleeping now would wait for a wake-up that
+     * was already consumed (seen as a rare hang of the ring all_reduce
+     * and chain broadcast with single copy). */
+    if (tcp_shm_arm_rx(p->shm)) {
+      TCP_CHECK(watch_peer(c, r, a));
+      ready = 1;
+    }
   }
   return ready;
 }
