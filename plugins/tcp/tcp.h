@@ -189,7 +189,8 @@ int tcp_listen_and_publish(struct tcp_ctx *ctx);
 int tcp_connect_mesh(struct tcp_ctx *ctx, struct tcp_comm *c, double deadline);
 void tcp_close_parked(struct tcp_ctx *ctx);
 
-/* tcp_topo.c: the host map of a communicator, built once its links are */
+/* tcp_topo.c: the host map of a communicator, built from the address
+ * directory before its links are made (tcp_connect_mesh) */
 int tcp_topo_build(struct tcp_comm *c);
 void tcp_topo_free(struct tcp_topo *t);
 

@@ -43,18 +43,19 @@ static int pick(const char *word, size_t len, const char *const *names, int n) {
  * "all_reduce=..." and "broadcast=..." set one collective's. */
 static int parse_algo(struct tcp_tuning *t, const char *s) {
   static const char *const ar[] = {"auto", "ring", "rd", "hier"}, *const bc[] = {"auto", "tree", "pipeline"};
+  const int nar = (int)(sizeof(ar) / sizeof(*ar)), nbc = (int)(sizeof(bc) / sizeof(*bc));
   while (*s) {
     size_t len = strcspn(s, ",");
     const char *eq = memchr(s, '=', len);
     int v;
     if (!eq) {
-      if ((v = pick(s, len, ar, 4)) < 0) return -1;
+      if ((v = pick(s, len, ar, nar)) < 0) return -1;
       t->algo = v;
     } else if ((size_t)(eq - s) == 10 && !strncmp(s, "all_reduce", 10)) {
-      if ((v = pick(eq + 1, len - 11, ar, 4)) < 0) return -1;
+      if ((v = pick(eq + 1, len - 11, ar, nar)) < 0) return -1;
       t->algo = v;
     } else if ((size_t)(eq - s) == 9 && !strncmp(s, "broadcast", 9)) {
-      if ((v = pick(eq + 1, len - 10, bc, 3)) < 0) return -1;
+      if ((v = pick(eq + 1, len - 10, bc, nbc)) < 0) return -1;
       t->bcast_algo = v;
     } else {
       return -1;
@@ -186,7 +187,6 @@ static int tcp_comm_create(void *vctx, const struct dcomm_comm_spec *spec, void 
   memcpy(c->world_ranks, spec->world_ranks, sizeof(int) * (size_t)spec->size);
   for (int i = 0; i < spec->size; i++) c->peers[i].fd = -1;
   int rc = tcp_connect_mesh(ctx, c, spec->deadline);
-  if (rc == 0) rc = tcp_topo_build(c);
   if (rc < 0) {
     atomic_store(&c->error, rc); /* no goodbyes on a half-built mesh */
     comm_free(c);

@@ -254,8 +254,7 @@ static const char *const transport_names[] = {"auto", "shm", "tcp"};
  * memory then stays flat as ranks per host grow (up to 64 members at the
  * default budget, 64 KiB rings), where fixed rings grow with k squared. */
 static size_t ring_for(struct tcp_ctx *ctx, const struct tcp_comm *c) {
-  size_t k = 0;
-  for (int j = 0; j < c->size; j++) k += !strcmp(ctx->addrs[c->world_ranks[j]].host, ctx->host_id);
+  size_t k = (size_t)c->topo.nlocal; /* members on this host (tcp_topo.c) */
   size_t ring = ctx->shm_ring;
   if (k > 1) {
     size_t fit = ctx->shm_budget / (k * (k - 1));
@@ -268,6 +267,7 @@ int tcp_connect_mesh(struct tcp_ctx *ctx, struct tcp_comm *c, double deadline) {
   const struct dcomm_host *h = ctx->host;
   if (!ctx->addrs) ctx->addrs_comm = c->id; /* the first comm, the world's, loads the table */
   TCP_CHECK(load_addrs(ctx, deadline));
+  TCP_CHECK(tcp_topo_build(c));
   size_t ring = ctx->transport != TCP_TR_TCP ? ring_for(ctx, c) : 0;
   /* Connect to every lower rank. */
   for (int j = 0; j < c->rank; j++) {

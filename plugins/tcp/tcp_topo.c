@@ -7,8 +7,10 @@
  * the first list and the exchange between hosts over the second, so the
  * bytes that cross hosts do not grow with the ranks per host.
  *
- * Cost: one sort of the members by (host, rank), O(n log n) at creation;
- * memory: this host's members and one leader per host.
+ * Cost: one sort of the members by (host, rank), O(n log n) at creation
+ * (tcp_connect_mesh builds it before the links, whose shared-memory ring
+ * size depends on the members on this host); memory: this host's members
+ * and one leader per host.
  */
 #include "config.h"
 #include "tcp.h"
@@ -59,6 +61,9 @@ int tcp_topo_build(struct tcp_comm *c) {
     if (!strcmp(m[j].host, ctx->host_id)) t->local[t->nlocal++] = m[j].rank; /* ascending: sorted by rank within a host */
   }
   free(m);
+  int *p = realloc(t->local, sizeof(int) * (size_t)t->nlocal); /* n ints each were room for the worst case */
+  if (p) t->local = p;
+  if ((p = realloc(t->leaders, sizeof(int) * (size_t)t->nhosts))) t->leaders = p;
   qsort(t->leaders, (size_t)t->nhosts, sizeof(int), by_value);
   t->local_me = t->leader_me = -1;
   for (int i = 0; i < t->nlocal; i++)
