@@ -5,12 +5,14 @@
  * aborting peer (an error, not a hang), the group's timeout, and two ranks
  * that send each other messages larger than a shared-memory ring and then
  * probe for them (the engine drains incoming messages while it sends),
- * over shared memory and over TCP.
+ * over shared memory and over TCP, and a send over a link made on first
+ * use that completes while its receiver is in no dcomm call.
  */
 #include "config.h"
 
 #include <check.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -246,6 +248,63 @@ START_TEST(test_cross) {
 }
 END_TEST
 
+/* A send to a peer this rank has no link with yet (not a ring
+ * neighbour): the link is dialed and a small message goes out at once,
+ * while the receiver is not in any dcomm call (its listener thread takes
+ * the link). Rank 0 sends to rank 3 (a lower rank dials a higher one),
+ * rank 4 to rank 1 (the other way); each sender then leaves a file, which
+ * the receiver waits for before it calls dcomm_recv: a send that needed
+ * the receiver in a call would leave no file, and the receiver fails. */
+struct lazy_arg {
+  char dir[64];
+};
+
+static int body_lazy(int rank, int n, void *arg) {
+  (void)n;
+  const struct lazy_arg *la = arg;
+  int to = rank == 0 ? 3 : rank == 4 ? 1 : -1, from = rank == 3 ? 0 : rank == 1 ? 4 : -1;
+  int32_t buf[256];
+  char path[128];
+  if (to >= 0) {
+    for (int k = 0; k < 256; k++) buf[k] = rank * 1000 + k;
+    MP_OK(dcomm_send(buf, 256, DCOMM_INT32, to, 5, NULL));
+    snprintf(path, sizeof(path), "%s/sent-%d", la->dir, rank);
+    FILE *f = fopen(path, "w");
+    MP_REQUIRE(f && fclose(f) == 0, "cannot write %s", path);
+  }
+  if (from >= 0) {
+    snprintf(path, sizeof(path), "%s/sent-%d", la->dir, from);
+    double t0 = mp_now();
+    while (access(path, F_OK) != 0) {
+      MP_REQUIRE(mp_now() - t0 < 20, "rank %d's send to rank %d did not return while rank %d was outside dcomm",
+                 from, rank, rank);
+      usleep(10000);
+    }
+    MP_OK(dcomm_recv(buf, 256, DCOMM_INT32, from, 5, NULL));
+    for (int k = 0; k < 256; k++) MP_REQUIRE(buf[k] == from * 1000 + k, "buf[%d] = %d", k, buf[k]);
+  }
+  MP_OK(dcomm_barrier(NULL));
+  return 0;
+}
+
+/* _i: 0 shared memory, 1 TCP. */
+START_TEST(test_lazy) {
+  struct lazy_arg la;
+  snprintf(la.dir, sizeof(la.dir), "/tmp/dcomm-lazy-XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(la.dir));
+  setenv("DCOMM_TRANSPORT", _i == 0 ? "shm" : "tcp", 1);
+  int failed = mp_run(6, body_lazy, &la, 60);
+  unsetenv("DCOMM_TRANSPORT");
+  char path[128];
+  for (int r = 0; r < 6; r++) {
+    snprintf(path, sizeof(path), "%s/sent-%d", la.dir, r);
+    unlink(path);
+  }
+  rmdir(la.dir);
+  ck_assert_msg(failed == 0, "case %d: %d ranks failed", _i, failed);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("p2p");
   TCase *tc = tcase_create("p2p");
@@ -256,6 +315,7 @@ int main(void) {
   tcase_add_loop_test(tc, test_dead, 0, 3);
   tcase_add_test(tc, test_timeout);
   tcase_add_loop_test(tc, test_cross, 0, 4);
+  tcase_add_loop_test(tc, test_lazy, 0, 2);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

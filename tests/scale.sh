@@ -7,6 +7,10 @@
 #      several times larger), small messages;
 #   3. every collective on 61 ranks over shared memory, whose rings
 #      DCOMM_SHM_HOST_BUDGET keeps at 64 KiB (rank 0's log says so);
+#   3b. sparse links: on the same 200 (100) ranks, the collectives whose
+#      algorithms need O(log n) peers, small and large, on the world and on
+#      groups of 8, 32 and n/2 ranks; no rank may then hold more than 100
+#      descriptors (a full mesh holds n - 1 for the world alone);
 #   4. one of 128 ranks SIGKILLed in the middle of elastic_sgd: the job ends
 #      on 127 ranks in generation 1, every survivor exits 0.
 # It times nothing (tests/perf/scale-bench.sh measures); each case is bounded.
@@ -57,10 +61,19 @@ check "every collective on $big ranks and on $((big / 2)) of them" "scale_check 
 DCOMM_TRANSPORT=auto DCOMM_LOG_LEVEL=info DCOMM_LOG_SUBSYS=tcp \
   check "every collective on 61 ranks over shared memory" "scale_check ok: 61 ranks, group of 30, 1000 elements" \
   "$run" --quiet-prefix --nproc-per-node 61 -- "$chk" 1000
-if [ $fail -eq 0 ] && ! grep -q "r0 g0.*tcp world: 60 of 60 links in shared memory.*rings: 65536 bytes" "$work/err" "$work/out"; then
+if [ $fail -eq 0 ] && ! grep -q "r0 g0.*tcp world: 2 links made at creation, 2 in shared memory.*rings of 65536 bytes" "$work/err" "$work/out"; then
   fail=$((fail + 1))
-  echo "not ok - rank 0 did not report 60 shared-memory links with 64 KiB rings"
-  grep "r0 g0.*links in shared memory" "$work/err" "$work/out" | head -3 | sed 's/^/    /'
+  echo "not ok - rank 0 did not report its 2 ring links in shared memory with 64 KiB rings"
+  grep "r0 g0.*in shared memory" "$work/err" "$work/out" | head -3 | sed 's/^/    /'
+fi
+check "sparse links on $big ranks: collectives on the world and 3 groups" "scale_check links: $big ranks" \
+  "$run" --quiet-prefix --nproc-per-node $big -- "$chk" links 16
+fds=$(sed -n 's/^scale_check links: .* at most \([0-9]*\) descriptors.*/\1/p' "$work/out")
+if [ -n "$fds" ] && [ "$fds" -gt 100 ]; then
+  fail=$((fail + 1))
+  echo "not ok - a rank of $big holds $fds descriptors after collectives that need O(log n) links (at most 100)"
+elif [ -n "$fds" ]; then
+  echo "ok - at most $fds descriptors in a rank of $big"
 fi
 check "one of 128 ranks killed: the job ends on 127" "final step=12 world=127 generation=1 " \
   "$run" --quiet-prefix --nproc-per-node 128 -- "$sgd" --steps 12 --checkpoint-every 4 \

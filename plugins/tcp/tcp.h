@@ -1,7 +1,11 @@
 /*
  * tcp.h: internals of the tcp backend (CPU, sockets). Layering:
  *   tcp_backend.c  the ops table, request queue (post/test/wait), abort;
- *   tcp_conn.c     the listener and the full mesh of authenticated links;
+ *   tcp_conn.c     the address directory and the links of a communicator:
+ *                  its ring neighbours' at creation, the others dialed
+ *                  when an operation first needs them;
+ *   tcp_listen.c   the listener thread: accepts and authenticates links,
+ *                  parks them until their communicator adopts them;
  *   tcp_engine.c   the framed transfer engine: several sends and receives to
  *                  different peers progressed together under one poll()
  *                  (the other links watched through an epoll set),
@@ -90,12 +94,34 @@ struct tcp_peer {
   uint64_t cma_sent, cma_acked; /* single-copy sends offered / answered */
 };
 
+/* A link the listener accepted, waiting for its communicator's thread. */
 struct tcp_parked {
   int fd;
   uint64_t comm_id;
   uint32_t rank, size;
   struct tcp_shm *shm;
 };
+
+/* What a dialing rank sends after the authenticated handshake: the
+ * communicator, its rank there, and a shared-memory offer (shm_fd < 0:
+ * none). */
+struct tcp_hello {
+  uint64_t comm_id;
+  uint32_t rank, size;
+  int32_t shm_pid, shm_fd;
+  uint64_t shm_nonce, shm_ring;
+  char host[TCP_HOST_ID_LEN];
+};
+
+/* The listener's answer: magic TCP_MAGIC, the link is taken (shm: the
+ * offer was mapped); TCP_REFUSE_MAGIC, refused, since the listening rank
+ * is dialing the dialer itself and its own link wins (tcp_listen.c). */
+struct tcp_link_answer {
+  uint32_t magic;
+  int32_t shm;
+};
+#define TCP_REFUSE_MAGIC 0x44435246u /* "DCRF" */
+struct tcp_dial;
 
 struct tcp_addr {
   char addr[80];              /* "ip:port" */
@@ -109,8 +135,18 @@ struct tcp_ctx {
   struct tcp_addr *addrs; /* of every world rank, loaded once */
   uint64_t addrs_comm;    /* the comm whose world numbering addrs follows (tcp_shrink.c) */
   char host_id[TCP_HOST_ID_LEN];
+  /* The listener thread (tcp_listen.c) and what it shares, under
+   * links_lock: the links it parked, the dials in progress. */
+  pthread_t listener;
+  int listener_on, stop_fd;
+  pthread_mutex_t links_lock;
+  pthread_cond_t links_cond;
   struct tcp_parked *parked;
   int nparked, cparked;
+  struct tcp_dial *dialing;
+  int ndialing, cdialing;
+  atomic_uint park_serial; /* links parked so far (a comm looks when it moved) */
+  int eager_all;           /* DCOMM_TCP_LINKS=eager: every link at creation */
   size_t chunk, bufsize;
   int check_mismatch;
   int transport;    /* enum tcp_transport */
@@ -173,6 +209,9 @@ struct tcp_comm {
   int ep_init;         /* every link registered once */
   int *woff, nwoff;    /* links held back (watch_off) until the next step */
   int nshm;            /* links in shared memory */
+  size_t ring;         /* bytes per direction of its shared-memory rings */
+  int nlinks;          /* links made (lazily: grows as peers are first used) */
+  unsigned park_seen;  /* ctx->park_serial when this comm last adopted */
   struct tcp_topo topo;
   uint64_t uq_serial;  /* unexpected messages completed so far (arrival order) */
   size_t tmp_cap;
@@ -186,15 +225,39 @@ struct tcp_comm {
 
 /* tcp_conn.c */
 int tcp_listen_and_publish(struct tcp_ctx *ctx);
-int tcp_connect_mesh(struct tcp_ctx *ctx, struct tcp_comm *c, double deadline);
-void tcp_close_parked(struct tcp_ctx *ctx);
+/* A new communicator's links: the directory, the host map, the links to
+ * its ring neighbours (every peer with DCOMM_TCP_LINKS=eager). */
+int tcp_links_open(struct tcp_ctx *ctx, struct tcp_comm *c, double deadline);
+/* Between waits for a link: < 0 stops the wait with that error. */
+typedef int (*tcp_link_check)(struct tcp_comm *c, void *arg);
+/* The link to peer, dialed now if there is none (by the comm's thread). */
+int tcp_link(struct tcp_comm *c, int peer, double deadline, tcp_link_check check, void *arg);
+/* Adopts the links the listener parked for c since it last looked. */
+int tcp_links_adopt(struct tcp_comm *c);
+
+/* tcp_listen.c: the listener thread and the parked links */
+int tcp_listener_start(struct tcp_ctx *ctx);
+void tcp_listener_stop(struct tcp_ctx *ctx); /* also closes what is parked */
+/* Takes the parked link of (comm, peer) (peer -1: any): 1 taken, 0 none. */
+int tcp_parked_take(struct tcp_ctx *ctx, uint64_t comm_id, int size, int me, int peer, struct tcp_parked *out);
+/* The same, waiting until then for the listener to park it. */
+int tcp_parked_wait(struct tcp_ctx *ctx, uint64_t comm_id, int size, int me, int peer, double until,
+                    struct tcp_parked *out);
+/* Before dialing peer: 1 a parked link was taken instead (no dial), 0 the
+ * dial is recorded (tcp_dial_end when it is over: made, the record stays
+ * while the communicator lives), < 0 error. */
+int tcp_dial_begin(struct tcp_ctx *ctx, uint64_t comm_id, int size, int me, int peer, struct tcp_parked *out);
+void tcp_dial_end(struct tcp_ctx *ctx, uint64_t comm_id, int peer, int made);
+/* Closes the links parked for a communicator that is gone, forgets its
+ * dials. */
+void tcp_parked_forget(struct tcp_ctx *ctx, uint64_t comm_id);
 
 /* tcp_topo.c: the host map of a communicator, built from the address
- * directory before its links are made (tcp_connect_mesh) */
+ * directory before its links are made (tcp_links_open) */
 int tcp_topo_build(struct tcp_comm *c);
 void tcp_topo_free(struct tcp_topo *t);
 
-/* tcp_shrink.c: comm_shrink, a new mesh among the survivors */
+/* tcp_shrink.c: comm_shrink, a new communicator among the survivors */
 int tcp_comm_shrink(void *comm, const int *exclude, int nexclude, const struct dcomm_comm_spec *spec, void **out);
 extern const struct dcomm_backend_v1 dcomm__backend_tcp; /* the ops table (tcp_backend.c) */
 

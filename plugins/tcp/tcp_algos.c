@@ -345,17 +345,20 @@ static int pairwise(struct tcp_comm *c, const struct dcomm_coll_args *a, const c
   return rc;
 }
 
-/* Every member in shared memory: each sends its input to all the others
+/* A few members, all on one host: each sends its input to all the others
  * at once. Every block is then read from its owner's input, which nobody
  * writes, rather than forwarded from a block the forwarder has just
  * written (for a single copy, lines the reader must fetch from the
  * writer's cache: twice the time of the ring on two ranks). Elsewhere the
- * ring, whose first step also sends from the input. */
+ * ring, whose first step also sends from the input, and which links each
+ * rank to two peers only. The choice reads the host map, which every
+ * member has alike (the links a rank has made so far differ). */
+#define PAIRWISE_GATHER_MAX 8
 static int all_gather(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   size_t blen = a->count * dcomm_dtype_size(a->dtype);
   int n = c->size, r = c->rank;
   char *out = a->recvbuf;
-  if (n == 1 || c->nshm < n - 1) {
+  if (n == 1 || c->topo.nhosts > 1 || n > PAIRWISE_GATHER_MAX) {
     if (out + (size_t)r * blen != a->sendbuf) memmove(out + (size_t)r * blen, a->sendbuf, blen);
     return ring_gather_blocks(c, a, out, a->sendbuf, blen);
   }

@@ -89,7 +89,7 @@ static int tcp_init(const struct dcomm_host *host, void **out) {
   struct tcp_ctx *ctx = calloc(1, sizeof(*ctx));
   if (!ctx) return host->err(DCOMM_ENOMEM, "tcp: out of memory");
   ctx->host = host;
-  ctx->lfd = -1;
+  ctx->lfd = ctx->stop_fd = -1;
   ctx->chunk = param_size(host, "DCOMM_TCP_CHUNK_SIZE", 262144);
   ctx->chunk = (ctx->chunk + 63) & ~(size_t)63; /* whole elements of any dtype */
   if (ctx->chunk < 4096) ctx->chunk = 4096;
@@ -115,9 +115,20 @@ static int tcp_init(const struct dcomm_host *host, void **out) {
   const char *hid = host->param("DCOMM_HOST_ID");
   if (hid && *hid) snprintf(ctx->host_id, sizeof(ctx->host_id), "id:%s", hid);
   else tcp_host_id(ctx->host_id, sizeof(ctx->host_id));
+  const char *links = host->param("DCOMM_TCP_LINKS");
+  if (links && *links && strcmp(links, "lazy") && strcmp(links, "eager")) {
+    free(ctx);
+    return host->err(DCOMM_EINVAL, "DCOMM_TCP_LINKS='%s' is not lazy or eager", links);
+  }
+  ctx->eager_all = links && !strcmp(links, "eager");
+  pthread_mutex_init(&ctx->links_lock, NULL);
+  pthread_cond_init(&ctx->links_cond, NULL);
   rc = tcp_listen_and_publish(ctx);
+  if (rc == 0) rc = tcp_listener_start(ctx);
   if (rc < 0) {
     if (ctx->lfd >= 0) close(ctx->lfd);
+    pthread_mutex_destroy(&ctx->links_lock);
+    pthread_cond_destroy(&ctx->links_cond);
     free(ctx);
     return rc;
   }
@@ -127,8 +138,10 @@ static int tcp_init(const struct dcomm_host *host, void **out) {
 
 static int tcp_finalize(void *vctx) {
   struct tcp_ctx *ctx = vctx;
-  tcp_close_parked(ctx);
+  tcp_listener_stop(ctx);
   if (ctx->lfd >= 0) close(ctx->lfd);
+  pthread_mutex_destroy(&ctx->links_lock);
+  pthread_cond_destroy(&ctx->links_cond);
   free(ctx->addrs);
   free(ctx);
   return 0;
@@ -136,9 +149,14 @@ static int tcp_finalize(void *vctx) {
 
 static void comm_free(struct tcp_comm *c) {
   if (c->peers) {
+    /* Links peers made to this rank and it never used get their goodbye
+     * too (a peer reading their end without one would take it for a
+     * death). */
+    if (!atomic_load(&c->error)) (void)tcp_links_adopt(c);
     tcp_close_links(c);
     free(c->peers);
   }
+  tcp_parked_forget(c->ctx, c->id);
   if (c->abort_fd >= 0) close(c->abort_fd);
   if (c->epfd >= 0) close(c->epfd);
   free(c->ep_on);
@@ -186,9 +204,9 @@ static int tcp_comm_create(void *vctx, const struct dcomm_comm_spec *spec, void 
   }
   memcpy(c->world_ranks, spec->world_ranks, sizeof(int) * (size_t)spec->size);
   for (int i = 0; i < spec->size; i++) c->peers[i].fd = -1;
-  int rc = tcp_connect_mesh(ctx, c, spec->deadline);
+  int rc = tcp_links_open(ctx, c, spec->deadline);
   if (rc < 0) {
-    atomic_store(&c->error, rc); /* no goodbyes on a half-built mesh */
+    atomic_store(&c->error, rc); /* no goodbyes on half-made links */
     comm_free(c);
     return rc;
   }
@@ -368,6 +386,8 @@ static const struct dcomm_backend_param tcp_params[] = {
      "Force tcp algorithms, comma-separated: auto, ring, rd or hier (all_reduce; also all_reduce=...), broadcast=auto|tree|pipeline."},
     {"DCOMM_HOST_ID", "str", "",
      "This process's host identity for the tcp backend (default: the kernel's boot id and the host name). Members with equal ids are one host: they link through shared memory, and hierarchical collectives reduce among them first. Set it to split one machine into several hosts (containers that must not share memory, tests)."},
+    {"DCOMM_TCP_LINKS", "str", "lazy",
+     "When the tcp backend makes a communicator's links: lazy (its ring neighbours' at creation, every other one when an operation first needs it: O(log n) links per rank for every collective but all_to_all) or eager (every link at creation, n - 1 per rank)."},
     {"DCOMM_TRANSPORT", "str", "auto",
      "tcp backend links between members on one host: auto (shared memory when both ends are on one host, else TCP), shm (shared memory only; fails if a member is elsewhere) or tcp."},
     {"DCOMM_SHM_RING_SIZE", "size", "1048576",
@@ -383,7 +403,7 @@ static const struct dcomm_backend_param tcp_params[] = {
     {"DCOMM_TCP_BUFSIZE", "size", "4194304",
      "Socket send/receive buffer size (bytes) for peer connections; 0 keeps the kernel default."},
     {"DCOMM_TCP_SHRINK", "str", "1",
-     "tcp backend comm_shrink: 1 (a new mesh among the survivors on the kept listener), 0 (not supported: recovery rebuilds), or fail:PREFIX (a test hook: shrinks of communicators whose label starts with PREFIX fail with DCOMM_EPROTO)."},
+     "tcp backend comm_shrink: 1 (a new communicator among the survivors on the kept listener), 0 (not supported: recovery rebuilds), or fail:PREFIX (a test hook: shrinks of communicators whose label starts with PREFIX fail with DCOMM_EPROTO)."},
     {NULL, NULL, NULL, NULL},
 };
 

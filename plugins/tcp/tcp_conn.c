@@ -1,14 +1,19 @@
 /*
- * tcp_conn.c: the links of the tcp backend. Each process listens on one
- * port; the world's ranks gather "ip:port" and host identity into one
- * directory through the store (host->store_allgather). A communicator is a
- * full mesh in which the higher rank connects to the lower one and opens
- * with the authenticated handshake, naming the communicator and its rank.
- * A link for a communicator this process has not created yet is parked
- * until it is. When both ends of a link are on one host, the connecting side offers a shared-memory segment in
- * its hello, and the accepting side maps it and answers yes or no
- * (tcp_shm.c). At the end, tcp_close_links says goodbye on every link (a
- * BYE frame after the data) and closes it without a reset.
+ * tcp_conn.c: the links of the tcp backend's communicators. Each process
+ * listens on one port (its listener thread: tcp_listen.c); the world's
+ * ranks gather "ip:port", host identity and processors into one directory
+ * through the store (host->store_allgather), once. A link opens with the
+ * authenticated handshake, naming the communicator and the dialer's rank
+ * there; when both ends are on one host the dialer offers a shared-memory
+ * segment in that hello and the listener maps it (tcp_shm.c).
+ *
+ * Links are sparse: a communicator is created with the links to its ring
+ * neighbours (which carry an abort around the whole ring), and an
+ * operation that needs another peer dials it first (tcp_link): a rank
+ * holds the links its algorithms use, O(log n) for every collective but
+ * all_to_all, not n - 1. DCOMM_TCP_LINKS=eager makes every link at
+ * creation instead. At the end, tcp_close_links says goodbye on every link
+ * (a BYE frame after the data) and closes it without a reset.
  */
 #include "config.h"
 #include "tcp.h"
@@ -24,21 +29,6 @@
 /* Listen backlog: a rank of a large world may be connected to by many
  * peers at once (the kernel caps it at net.core.somaxconn). */
 #define SOMAXCONN_WANTED 4096
-
-struct hello {
-  uint64_t comm_id;
-  uint32_t rank, size;
-  /* Shared-memory offer: shm_fd < 0 when none. */
-  int32_t shm_pid, shm_fd;
-  uint64_t shm_nonce, shm_ring;
-  char host[TCP_HOST_ID_LEN];
-};
-
-/* The accepting side's answer to an offer. */
-struct shm_answer {
-  uint32_t magic;
-  int32_t ok;
-};
 
 /* This process's directory entry: "ip:port" NUL host-id NUL cpu-list NUL
  * (the list empty when it does not fit: see tcp_cpus.c). */
@@ -129,123 +119,6 @@ static int split_addr(const char *addr, char *host, size_t hl, int *port) {
   return 0;
 }
 
-static int park(struct tcp_ctx *ctx, int fd, const struct hello *hi, struct tcp_shm *shm) {
-  if (ctx->nparked == ctx->cparked) {
-    int nc = ctx->cparked ? 2 * ctx->cparked : 16;
-    void *p = realloc(ctx->parked, sizeof(*ctx->parked) * (size_t)nc);
-    if (!p) return DCOMM_ENOMEM;
-    ctx->parked = p;
-    ctx->cparked = nc;
-  }
-  ctx->parked[ctx->nparked++] = (struct tcp_parked){fd, hi->comm_id, hi->rank, hi->size, shm};
-  return 0;
-}
-
-static void adopt(struct tcp_comm *c, int peer, int fd, struct tcp_shm *shm) {
-  c->ctx->host->sock_tune(fd, c->ctx->bufsize);
-  c->peers[peer].fd = fd;
-  c->peers[peer].shm = shm;
-  if (shm) tcp_shm_set_fd(shm, fd);
-}
-
-/* Takes parked links that belong to c. Returns how many were adopted. */
-static int unpark(struct tcp_ctx *ctx, struct tcp_comm *c) {
-  int got = 0;
-  for (int i = 0; i < ctx->nparked;) {
-    struct tcp_parked *p = &ctx->parked[i];
-    if (p->comm_id == c->id && (int)p->size == c->size && (int)p->rank > c->rank && (int)p->rank < c->size &&
-        c->peers[p->rank].fd < 0) {
-      adopt(c, (int)p->rank, p->fd, p->shm);
-      got++;
-      ctx->parked[i] = ctx->parked[--ctx->nparked];
-    } else {
-      i++;
-    }
-  }
-  return got;
-}
-
-void tcp_close_parked(struct tcp_ctx *ctx) {
-  for (int i = 0; i < ctx->nparked; i++) {
-    close(ctx->parked[i].fd);
-    tcp_shm_free(ctx->parked[i].shm);
-  }
-  free(ctx->parked);
-  ctx->parked = NULL;
-  ctx->nparked = ctx->cparked = 0;
-}
-
-/* The accepting side of a shared-memory offer: map the segment when this
- * process allows shared memory and the peer is on this host; answer. */
-static struct tcp_shm *answer_offer(struct tcp_ctx *ctx, int fd, const struct hello *hi) {
-  if (hi->shm_fd < 0) return NULL;
-  struct tcp_shm *shm = NULL;
-  char why[300] = "this rank's DCOMM_TRANSPORT is tcp";
-  char host[TCP_HOST_ID_LEN];
-  memcpy(host, hi->host, sizeof(host));
-  host[sizeof(host) - 1] = 0;
-  if (ctx->transport != TCP_TR_TCP) {
-    if (strcmp(host, ctx->host_id)) snprintf(why, sizeof(why), "it is on another host (%s, not %s)", host, ctx->host_id);
-    else tcp_shm_attach(hi->shm_pid, hi->shm_fd, hi->shm_nonce, (size_t)hi->shm_ring, &shm, why, sizeof(why));
-  }
-  struct shm_answer ans = {TCP_MAGIC, shm != NULL};
-  if (send(fd, &ans, sizeof(ans), MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof(ans)) {
-    tcp_shm_free(shm);
-    return NULL;
-  }
-  if (!shm) TCP_LOG(ctx, INFO, "declined shared memory offered by world rank %u's link: %s", hi->rank, why);
-  return shm;
-}
-
-/* Accepts one link and runs the handshake; -1 in *fd when refused. */
-static int accept_one(struct tcp_ctx *ctx, double deadline, int *fd, struct hello *hi, struct tcp_shm **shm) {
-  const struct dcomm_host *h = ctx->host;
-  *fd = -1;
-  *shm = NULL;
-  struct pollfd p = {.fd = ctx->lfd, .events = POLLIN};
-  double left = deadline - h->now();
-  if (left <= 0) return DCOMM_ETIMEDOUT;
-  if (left > 0.5) left = 0.5; /* the caller looks for a cancelled creation between waits */
-  int n = poll(&p, 1, (int)(left * 1000) + 1);
-  if (n < 0 && errno != EINTR) return h->err(DCOMM_ESYSTEM, "tcp: poll on the listener: %s", strerror(errno));
-  if (n <= 0) return 0;
-  int s = accept4(ctx->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-  if (s < 0) return 0;
-  uint32_t purpose = 0;
-  struct hello buf;
-  size_t hl = sizeof(buf);
-  double hs_deadline = h->now() + 10.0;
-  if (hs_deadline > deadline) hs_deadline = deadline;
-  int rc = h->hs_server(s, hs_deadline, &purpose, &buf, &hl);
-  if (rc < 0 || purpose != 2 /* DCOMM_HS_PEER */ || hl != sizeof(buf)) {
-    TCP_LOG(ctx, WARN, "refused a connection on the peer port (handshake failed or not a peer)");
-    close(s);
-    return 0;
-  }
-  *fd = s;
-  *hi = buf;
-  *shm = answer_offer(ctx, s, &buf);
-  return 0;
-}
-
-/* Reads the answer to a shared-memory offer within the deadline. */
-static int read_answer(int fd, double deadline, const struct dcomm_host *h, struct shm_answer *ans) {
-  size_t got = 0;
-  while (got < sizeof(*ans)) {
-    ssize_t n = recv(fd, (char *)ans + got, sizeof(*ans) - got, MSG_DONTWAIT);
-    if (n > 0) {
-      got += (size_t)n;
-      continue;
-    }
-    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return DCOMM_EPEERLOST;
-    double left = deadline - h->now();
-    if (left <= 0) return DCOMM_ETIMEDOUT;
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    poll(&p, 1, (int)(left * 1000) + 1);
-  }
-  return ans->magic == TCP_MAGIC ? 0 : DCOMM_EPROTO;
-}
-
 static const char *const transport_names[] = {"auto", "shm", "tcp"};
 
 /* The ring size of c's shared-memory links: DCOMM_SHM_RING_SIZE, lowered
@@ -263,119 +136,216 @@ static size_t ring_for(struct tcp_ctx *ctx, const struct tcp_comm *c) {
   return ring;
 }
 
-int tcp_connect_mesh(struct tcp_ctx *ctx, struct tcp_comm *c, double deadline) {
+/* Puts a link in place (the comm's own thread only). With
+ * DCOMM_TRANSPORT=shm a link without shared memory is an error. */
+static int adopt(struct tcp_comm *c, int peer, int fd, struct tcp_shm *shm) {
+  struct tcp_ctx *ctx = c->ctx;
+  struct tcp_peer *p = &c->peers[peer];
+  ctx->host->sock_tune(fd, ctx->bufsize);
+  p->fd = fd;
+  p->shm = shm;
+  if (shm) {
+    tcp_shm_set_fd(shm, fd);
+    c->nshm++;
+  }
+  c->nlinks++;
+  /* A link made after the engine's first step joins its watched set at
+   * the next step's start (ep_begin takes the woff list). */
+  if (c->ep_init && !p->watch_off) {
+    c->woff[c->nwoff++] = peer;
+    p->watch_off = 1;
+  }
+  if (!shm && ctx->transport == TCP_TR_SHM)
+    return ctx->host->err(DCOMM_EINVAL,
+                          "tcp %s: DCOMM_TRANSPORT=shm, but the link with rank %d (world rank %d) could not use shared "
+                          "memory (its DCOMM_TRANSPORT is tcp, or the segment could not be created or mapped: see the "
+                          "info log)",
+                          c->label, peer, c->world_ranks[peer]);
+  return 0;
+}
+
+/* A parked link taken for c: adopted, or closed if c has one already. */
+static int place(struct tcp_comm *c, const struct tcp_parked *pk) {
+  if (c->peers[pk->rank].fd >= 0) {
+    close(pk->fd);
+    tcp_shm_free(pk->shm);
+    return 0;
+  }
+  return adopt(c, (int)pk->rank, pk->fd, pk->shm);
+}
+
+int tcp_links_adopt(struct tcp_comm *c) {
+  unsigned serial = atomic_load(&c->ctx->park_serial);
+  if (serial == c->park_seen) return 0;
+  c->park_seen = serial;
+  struct tcp_parked pk;
+  while (tcp_parked_take(c->ctx, c->id, c->size, c->rank, -1, &pk)) TCP_CHECK(place(c, &pk));
+  return 0;
+}
+
+/* Waits between looks at most this long, so that check runs. */
+#define LINK_SLICE 0.1
+
+static double until(double deadline, double slice, const struct dcomm_host *h) {
+  double t = h->now() + slice;
+  return t < deadline ? t : deadline;
+}
+
+/* Reads the listener's answer, looking at check between waits. */
+static int read_answer(struct tcp_comm *c, int fd, double deadline, tcp_link_check check, void *arg,
+                       struct tcp_link_answer *ans) {
+  const struct dcomm_host *h = c->ctx->host;
+  size_t got = 0;
+  while (got < sizeof(*ans)) {
+    ssize_t n = recv(fd, (char *)ans + got, sizeof(*ans) - got, MSG_DONTWAIT);
+    if (n > 0) {
+      got += (size_t)n;
+      continue;
+    }
+    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return DCOMM_EPEERLOST;
+    if (h->now() >= deadline) return DCOMM_ETIMEDOUT;
+    if (check) TCP_CHECK(check(c, arg));
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    poll(&p, 1, (int)((until(deadline, LINK_SLICE, h) - h->now()) * 1000) + 1);
+  }
+  return ans->magic == TCP_MAGIC || ans->magic == TCP_REFUSE_MAGIC ? 0 : DCOMM_EPROTO;
+}
+
+/* A rank that takes longer than this to answer a handshake is stuck. */
+#define TCP_HS_CLIENT_S 10.0
+
+/* Dials peer j: connect, handshake, hello with a shared-memory offer when
+ * j is on this host, the listener's answer. *refused: j dials this rank
+ * too and its link wins (wait for it). */
+static int dial(struct tcp_comm *c, int j, double deadline, tcp_link_check check, void *arg, struct tcp_parked *out,
+                int *refused) {
+  struct tcp_ctx *ctx = c->ctx;
+  const struct dcomm_host *h = ctx->host;
+  int w = c->world_ranks[j];
+  char host[80];
+  int port, fd = -1, rc;
+  /* A copy: a shrink of the world may renumber the table meanwhile. */
+  struct tcp_addr at;
+  pthread_mutex_lock(&ctx->links_lock);
+  at = ctx->addrs[w];
+  pthread_mutex_unlock(&ctx->links_lock);
+  if (split_addr(at.addr, host, sizeof(host), &port) < 0)
+    return h->err(DCOMM_EPROTO, "tcp: bad address '%s' for world rank %d", at.addr, w);
+  struct tcp_hello hi = {.comm_id = c->id, .rank = (uint32_t)c->rank, .size = (uint32_t)c->size, .shm_fd = -1};
+  snprintf(hi.host, sizeof(hi.host), "%s", ctx->host_id);
+  struct tcp_shm *shm = NULL;
+  int memfd = -1;
+  if (ctx->transport != TCP_TR_TCP && strcmp(at.host, ctx->host_id) == 0) {
+    uint64_t nonce;
+    char why[160] = "";
+    if (tcp_shm_create(c->ring, &shm, &memfd, &nonce, why, sizeof(why)) == 0) {
+      hi.shm_pid = (int32_t)getpid();
+      hi.shm_fd = memfd;
+      hi.shm_nonce = nonce;
+      hi.shm_ring = c->ring;
+    } else {
+      TCP_LOG(ctx, WARN, "tcp %s: no shared memory for the link to rank %d: %s", c->label, j, why);
+    }
+  }
+  /* Connect in slices: a check between them notices an abort. */
+  for (;;) {
+    rc = h->sock_connect(host, port, until(deadline, 4 * LINK_SLICE, h), &fd);
+    if (rc != DCOMM_ETIMEDOUT || h->now() >= deadline) break;
+    if (check && (rc = check(c, arg)) < 0) break;
+  }
+  if (rc < 0) {
+    if (memfd >= 0) close(memfd);
+    tcp_shm_free(shm);
+    if (rc == DCOMM_EREVOKED || atomic_load(&c->error)) return rc;
+    return h->err(rc, "tcp %s: cannot connect to rank %d (world rank %d at %s)", c->label, j, w, at.addr);
+  }
+  rc = h->hs_client(fd, 2 /* DCOMM_HS_PEER */, &hi, sizeof(hi), until(deadline, TCP_HS_CLIENT_S, h));
+  struct tcp_link_answer ans = {0, 0};
+  if (rc == 0) rc = read_answer(c, fd, until(deadline, TCP_HS_CLIENT_S, h), check, arg, &ans);
+  if (memfd >= 0) close(memfd); /* mapped by now, or never will be */
+  if (rc < 0 || ans.magic == TCP_REFUSE_MAGIC) {
+    close(fd);
+    tcp_shm_free(shm);
+    if (rc == 0) *refused = 1;
+    else if (rc != DCOMM_EREVOKED && !atomic_load(&c->error)) /* else check's own error */
+      rc = h->err(rc, "tcp %s: handshake with rank %d (world rank %d at %s) failed", c->label, j, w, at.addr);
+    return rc;
+  }
+  if (shm && !ans.shm) {
+    TCP_LOG(ctx, INFO, "tcp %s: rank %d declined shared memory; using TCP", c->label, j);
+    tcp_shm_free(shm);
+    shm = NULL;
+  }
+  *out = (struct tcp_parked){fd, c->id, (uint32_t)j, (uint32_t)c->size, shm};
+  return 0;
+}
+
+/* Waits for peer j to dial this rank. */
+static int await(struct tcp_comm *c, int j, double deadline, tcp_link_check check, void *arg) {
+  const struct dcomm_host *h = c->ctx->host;
+  struct tcp_parked pk;
+  for (;;) {
+    if (tcp_parked_wait(c->ctx, c->id, c->size, c->rank, j, until(deadline, LINK_SLICE, h), &pk)) return place(c, &pk);
+    if (h->now() >= deadline)
+      return h->err(DCOMM_ETIMEDOUT, "tcp %s: rank %d (world rank %d) never connected before the timeout", c->label, j,
+                    c->world_ranks[j]);
+    if (check) TCP_CHECK(check(c, arg));
+  }
+}
+
+int tcp_link(struct tcp_comm *c, int j, double deadline, tcp_link_check check, void *arg) {
+  if (c->peers[j].fd >= 0) return 0;
+  struct tcp_parked pk;
+  int rc = tcp_dial_begin(c->ctx, c->id, c->size, c->rank, j, &pk);
+  if (rc < 0) return rc;
+  if (rc == 1) return place(c, &pk);
+  int refused = 0;
+  rc = dial(c, j, deadline, check, arg, &pk, &refused);
+  tcp_dial_end(c->ctx, c->id, j, rc == 0 && !refused);
+  if (rc < 0) return rc;
+  return refused ? await(c, j, deadline, check, arg) : place(c, &pk);
+}
+
+/* A creation stops waiting when its generation is revoked. */
+static int creation_check(struct tcp_comm *c, void *arg) {
+  (void)arg;
+  int (*cancelled)(void) = DCOMM_HOST_SERVICE(c->ctx->host, creation_cancelled);
+  int rc = cancelled ? cancelled() : 0;
+  if (rc < 0) return c->ctx->host->err(rc, "tcp %s: stopped making the communicator's links", c->label);
+  return 0;
+}
+
+int tcp_links_open(struct tcp_ctx *ctx, struct tcp_comm *c, double deadline) {
   const struct dcomm_host *h = ctx->host;
   if (!ctx->addrs) ctx->addrs_comm = c->id; /* the first comm, the world's, loads the table */
   TCP_CHECK(load_addrs(ctx, deadline));
   TCP_CHECK(tcp_topo_build(c));
-  size_t ring = ctx->transport != TCP_TR_TCP ? ring_for(ctx, c) : 0;
-  /* Connect to every lower rank. */
-  for (int j = 0; j < c->rank; j++) {
-    char host[80];
-    int port, fd;
-    int w = c->world_ranks[j];
-    if (split_addr(ctx->addrs[w].addr, host, sizeof(host), &port) < 0)
-      return h->err(DCOMM_EPROTO, "tcp: bad address '%s' for world rank %d", ctx->addrs[w].addr, w);
-    int same = strcmp(ctx->addrs[w].host, ctx->host_id) == 0;
-    struct hello hi = {.comm_id = c->id, .rank = (uint32_t)c->rank, .size = (uint32_t)c->size, .shm_fd = -1};
-    snprintf(hi.host, sizeof(hi.host), "%s", ctx->host_id);
-    struct tcp_shm *shm = NULL;
-    int memfd = -1;
-    char why[160] = "";
-    if (same && ctx->transport != TCP_TR_TCP) {
-      uint64_t nonce;
-      if (tcp_shm_create(ring, &shm, &memfd, &nonce, why, sizeof(why)) == 0) {
-        hi.shm_pid = (int32_t)getpid();
-        hi.shm_fd = memfd;
-        hi.shm_nonce = nonce;
-        hi.shm_ring = ring;
-      } else {
-        TCP_LOG(ctx, WARN, "tcp %s: no shared memory for the link to rank %d: %s", c->label, j, why);
-      }
-    }
-    int rc = h->sock_connect(host, port, deadline, &fd);
-    if (rc < 0) {
-      if (memfd >= 0) close(memfd);
-      tcp_shm_free(shm);
-      return h->err(rc, "tcp %s: cannot connect to rank %d (world rank %d at %s)", c->label, j, w, ctx->addrs[w].addr);
-    }
-    rc = h->hs_client(fd, 2 /* DCOMM_HS_PEER */, &hi, sizeof(hi), deadline);
-    struct shm_answer ans = {0, 0};
-    if (rc == 0 && shm) rc = read_answer(fd, deadline, h, &ans);
-    if (memfd >= 0) close(memfd); /* mapped by now, or never will be */
-    if (rc < 0) {
-      close(fd);
-      tcp_shm_free(shm);
-      return h->err(rc, "tcp %s: handshake with rank %d (world rank %d) failed", c->label, j, w);
-    }
-    if (shm && !ans.ok) {
-      TCP_LOG(ctx, INFO, "tcp %s: rank %d declined shared memory; using TCP", c->label, j);
-      tcp_shm_free(shm);
-      shm = NULL;
-    }
-    adopt(c, j, fd, shm);
-  }
-  /* Accept every higher rank (some may already be parked). */
-  int need = c->size - 1 - c->rank;
-  need -= unpark(ctx, c);
-  while (need > 0) {
-    int fd;
-    struct hello hi;
-    struct tcp_shm *shm;
-    int rc = accept_one(ctx, deadline, &fd, &hi, &shm);
-    if (rc == DCOMM_ETIMEDOUT || (rc == 0 && fd < 0 && h->now() >= deadline)) {
-      for (int j = c->rank + 1; j < c->size; j++)
-        if (c->peers[j].fd < 0)
-          return h->err(DCOMM_ETIMEDOUT, "tcp %s: rank %d (world rank %d) never connected before the timeout",
-                        c->label, j, c->world_ranks[j]);
-      return h->err(DCOMM_ETIMEDOUT, "tcp %s: timed out connecting", c->label);
-    }
-    if (rc < 0) return rc;
-    if (fd < 0) {
-      int (*cancelled)(void) = DCOMM_HOST_SERVICE(h, creation_cancelled);
-      if (cancelled && (rc = cancelled()) < 0)
-        return h->err(rc, "tcp %s: stopped waiting for %d more rank%s to connect", c->label, need,
-                      need == 1 ? "" : "s");
-      continue;
-    }
-    if (hi.comm_id == c->id && (int)hi.size == c->size && (int)hi.rank > c->rank && (int)hi.rank < c->size &&
-        c->peers[hi.rank].fd < 0) {
-      adopt(c, (int)hi.rank, fd, shm);
-      need--;
-    } else if (hi.comm_id == c->id) {
-      TCP_LOG(ctx, WARN, "tcp %s: refused a link claiming rank %u of %u", c->label, hi.rank, hi.size);
-      close(fd);
-      tcp_shm_free(shm);
-    } else if (park(ctx, fd, &hi, shm) < 0) {
-      close(fd);
-      tcp_shm_free(shm);
-    }
-  }
-  /* Every member builds the whole mesh first, so that with a forced shm
-   * transport all of them fail here, none at the timeout. */
-  int nshm = 0;
-  for (int j = 0; j < c->size; j++) {
-    if (j == c->rank) continue;
+  c->ring = ctx->transport != TCP_TR_TCP ? ring_for(ctx, c) : 0;
+  /* Forced shared memory needs every member on this host: every member
+   * reads the same directory, so all of them fail here. */
+  for (int j = 0; j < c->size && ctx->transport == TCP_TR_SHM; j++) {
     const char *peer_host = ctx->addrs[c->world_ranks[j]].host;
-    if (c->peers[j].shm) nshm++;
-    else if (ctx->transport == TCP_TR_SHM && strcmp(peer_host, ctx->host_id))
+    if (strcmp(peer_host, ctx->host_id))
       return h->err(DCOMM_EINVAL,
                     "tcp %s: DCOMM_TRANSPORT=shm, but rank %d (world rank %d) is on another host (host id %s; this "
                     "one is %s): shared memory needs every member on one host",
                     c->label, j, c->world_ranks[j], peer_host, ctx->host_id);
-    else if (ctx->transport == TCP_TR_SHM)
-      return h->err(DCOMM_EINVAL,
-                    "tcp %s: DCOMM_TRANSPORT=shm, but the link with rank %d (world rank %d) could not use shared "
-                    "memory (its DCOMM_TRANSPORT is tcp, or the segment could not be created or mapped: see the "
-                    "info log)",
-                    c->label, j, c->world_ranks[j]);
   }
-  c->nshm = nshm;
-  TCP_LOG(ctx, INFO, "tcp %s: %d of %d links in shared memory (DCOMM_TRANSPORT=%s; this rank's rings: %zu bytes)",
-          c->label, nshm, c->size - 1, transport_names[ctx->transport], ring);
+  /* The lower rank of a pair is dialed, the higher one waited for, so
+   * that creation never dials both ways. */
+  int prev = (c->rank + c->size - 1) % c->size, next = (c->rank + 1) % c->size;
+  for (int pass = 0; pass < 2; pass++)
+    for (int j = 0; j < c->size; j++) {
+      if (j == c->rank || (!ctx->eager_all && j != prev && j != next) || (pass == 0) != (j < c->rank)) continue;
+      TCP_CHECK(pass == 0 ? tcp_link(c, j, deadline, creation_check, NULL) : await(c, j, deadline, creation_check, NULL));
+    }
+  TCP_LOG(ctx, INFO,
+          "tcp %s: %d link%s made at creation, %d in shared memory (DCOMM_TRANSPORT=%s; rings of %zu bytes); "
+          "%s",
+          c->label, c->nlinks, c->nlinks == 1 ? "" : "s", c->nshm, transport_names[ctx->transport], c->ring,
+          ctx->eager_all ? "DCOMM_TCP_LINKS=eager" : "the others when first used");
   return 0;
 }
-
 void tcp_close_links(struct tcp_comm *c) {
   int clean = atomic_load(&c->error) == 0;
   for (int i = 0; i < c->size; i++) {

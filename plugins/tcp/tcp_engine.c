@@ -1,10 +1,12 @@
 /*
  * tcp_engine.c: the transfer engine of the tcp backend. tcp_xfer progresses
  * a set of framed sends and receives together under one poll(), so ring
- * and pairwise exchanges never deadlock on full socket buffers. While it
- * waits it also watches every other link of the communicator (an epoll
- * set, one descriptor in that poll), so a peer that dies or aborts
- * anywhere in the mesh is noticed at once, not at the timeout. Any error breaks the communicator: an ABORT frame carrying the
+ * and pairwise exchanges never deadlock on full socket buffers. A step's
+ * peers without a link are dialed first (tcp_link). While it waits it also
+ * watches every other link the communicator has (an epoll set, one
+ * descriptor in that poll), so a linked peer that dies or aborts is
+ * noticed at once, not at the timeout, and the abort it causes travels on
+ * along the links (the ring neighbours' links connect every member). Any error breaks the communicator: an ABORT frame carrying the
  * error goes to every peer (which breaks theirs in turn), and every later
  * call fails fast with the same error.
  *
@@ -500,9 +502,32 @@ static int watch_ready(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   return 0;
 }
 
+/* While a link is being made: the comm still breaks on an abort, and the
+ * links it has are watched (a dead or aborting peer anywhere). */
+static int link_check(struct tcp_comm *c, void *arg) {
+  const struct dcomm_coll_args *a = arg;
+  TCP_CHECK(tcp_broken(c));
+  memset(c->recv_mark, 0, (size_t)c->size);
+  TCP_CHECK(ep_begin(c));
+  return watch_ready(c, a);
+}
+
+/* The links of a step's ops: those the listener parked are adopted, the
+ * missing ones dialed (a failure breaks the comm, as any other). */
+static int links_for(struct tcp_comm *c, const struct tcp_xop *ops, int n, const struct dcomm_coll_args *a) {
+  TCP_CHECK(tcp_links_adopt(c));
+  for (int i = 0; i < n; i++) {
+    if (c->peers[ops[i].peer].fd >= 0) continue;
+    int rc = tcp_link(c, ops[i].peer, a->deadline, link_check, (void *)a);
+    if (rc < 0) return tcp_fail(c, rc, "%s", dcomm_last_error());
+  }
+  return 0;
+}
+
 int tcp_xfer(struct tcp_comm *c, struct tcp_xop *ops, int n, const struct dcomm_coll_args *a) {
   const struct dcomm_host *h = c->ctx->host;
   TCP_CHECK(tcp_broken(c));
+  TCP_CHECK(links_for(c, ops, n, a));
   int stages = 0;
   for (int i = 0; i < n; i++) {
     struct tcp_xop *op = &ops[i];

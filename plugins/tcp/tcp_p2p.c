@@ -95,11 +95,24 @@ static int probe_look(struct tcp_comm *c, int peer, int tag, double deadline, in
   return 0;
 }
 
+static int probe_check(struct tcp_comm *c, void *arg) {
+  (void)arg;
+  return tcp_broken(c);
+}
+
 int tcp_p2p_probe(struct tcp_comm *c, int peer, int tag, double deadline, int *src, size_t *nbytes) {
   const struct dcomm_host *h = c->ctx->host;
   if (peer != DCOMM_ANY_SOURCE && (peer < 0 || peer >= c->size || peer == c->rank))
     return h->err(DCOMM_EINVAL, "tcp %s: cannot probe rank %d (rank %d of %d)", c->label, peer, c->rank, c->size);
   TCP_CHECK(tcp_broken(c));
+  /* The links a probe reads: the peer's; for any source, every member's
+   * (made once: an any-source probe links the whole communicator). */
+  TCP_CHECK(tcp_links_adopt(c));
+  for (int r = 0; r < c->size; r++) {
+    if (r == c->rank || (peer != DCOMM_ANY_SOURCE && r != peer) || c->peers[r].fd >= 0) continue;
+    int rc = tcp_link(c, r, deadline, probe_check, NULL);
+    if (rc < 0) return tcp_fail(c, rc, "%s", dcomm_last_error());
+  }
   /* A message already queued is found without touching the links. */
   struct tcp_uq *q = probe_find(c, peer, tag, src);
   if (q) {

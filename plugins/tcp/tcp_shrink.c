@@ -1,9 +1,10 @@
 /*
  * tcp_shrink.c: comm_shrink of the tcp backend. The parent's links were
  * shut down by its abort (or are by its destroy), so nothing of them is
- * reused: the survivors build a fresh mesh among themselves through
- * comm_create, on the listener the context already has and with the
- * addresses it already holds. What this saves over a rebuild is the
+ * reused: the survivors make fresh links among themselves through
+ * comm_create (the ring neighbours', the others when first used), on
+ * the listener the context already has and with the addresses it already
+ * holds. What this saves over a rebuild is the
  * backend's finalize and init (a new listener), the publication of the new
  * addresses and everyone's re-read of all of them in the store.
  *
@@ -68,8 +69,10 @@ static int renumber_addrs(struct tcp_comm *p, const char *keep, const struct dco
     }
     na[to] = ctx->addrs[p->world_ranks[i]];
   }
+  pthread_mutex_lock(&ctx->links_lock); /* a dial copies its entry under it */
   free(ctx->addrs);
   ctx->addrs = na;
+  pthread_mutex_unlock(&ctx->links_lock);
   ctx->addrs_comm = spec->comm_id;
   tcp_cpus_forget(ctx);
   return 0;

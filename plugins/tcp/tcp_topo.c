@@ -8,7 +8,7 @@
  * bytes that cross hosts do not grow with the ranks per host.
  *
  * Cost: one sort of the members by (host, rank), O(n log n) at creation
- * (tcp_connect_mesh builds it before the links, whose shared-memory ring
+ * (tcp_links_open builds it before the links, whose shared-memory ring
  * size depends on the members on this host); memory: this host's members
  * and one leader per host.
  */
