@@ -72,9 +72,11 @@ void dcomm__log_setup(void) {
   gethostname(log_host, sizeof(log_host) - 1);
 }
 
+/* Any thread logs (the tcp listener, watchers, workers) while a recovery
+ * changes the identity: both are read and written atomically. */
 void dcomm__log_set_identity(int rank, long generation) {
-  log_rank = rank;
-  log_gen = generation;
+  __atomic_store_n(&log_rank, rank, __ATOMIC_RELAXED);
+  __atomic_store_n(&log_gen, generation, __ATOMIC_RELAXED);
 }
 
 int dcomm__log_enabled(int level, int subsys) {
@@ -88,9 +90,11 @@ void dcomm__log(int level, int subsys, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
-  if (log_rank >= 0) snprintf(rk, sizeof(rk), "%d", log_rank);
+  int rank = __atomic_load_n(&log_rank, __ATOMIC_RELAXED);
+  long gen = __atomic_load_n(&log_gen, __ATOMIC_RELAXED);
+  if (rank >= 0) snprintf(rk, sizeof(rk), "%d", rank);
   else snprintf(rk, sizeof(rk), "-");
   /* One fprintf so that lines of concurrent processes do not interleave. */
-  fprintf(stderr, "[dcomm %s:%d r%s g%ld] %s %s: %s\n", log_host[0] ? log_host : "?", (int)getpid(), rk, log_gen,
+  fprintf(stderr, "[dcomm %s:%d r%s g%ld] %s %s: %s\n", log_host[0] ? log_host : "?", (int)getpid(), rk, gen,
           lvname[level], subsys >= 0 && subsys < nsubsys ? subsys_names[subsys] : "?", msg);
 }
