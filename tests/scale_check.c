@@ -16,12 +16,12 @@
  *   scale_check ok: N ranks, group of G, COUNT elements
  *   scale_check links: N ranks, at most F descriptors in a rank
  */
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dcomm.h"
+#include "proc_fds.h"
 
 static int me_world;
 
@@ -135,16 +135,6 @@ send_recv:
   free(b);
 }
 
-/* Descriptors this process holds. */
-static int open_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  int k = 0;
-  if (!d) return -1;
-  while (readdir(d)) k++;
-  closedir(d);
-  return k - 3; /* ".", ".." and the directory's own descriptor */
-}
-
 /* A large all_reduce (the ring) and broadcast (the chain), checked. */
 static void check_large(dcomm_group_t g, const char *label) {
   size_t count = 40000; /* 320 KB: above DCOMM_TCP_SMALL_THRESHOLD */
@@ -189,7 +179,7 @@ static void links_mode(size_t count) {
     check_large(g[k], label);
   }
   CALL("barrier", dcomm_barrier(NULL));
-  int64_t fds = open_fds();
+  int64_t fds = proc_open_fds();
   CALL("all_reduce of the descriptor counts", dcomm_all_reduce(&fds, 1, DCOMM_INT64, DCOMM_MAX, NULL));
   for (int k = 0; k < 3; k++)
     if (g[k]) CALL("group_free", dcomm_group_free(g[k]));

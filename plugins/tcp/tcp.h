@@ -333,6 +333,8 @@ struct tcp_uq {
  * this much, not what it announced. */
 #define UQ_FIRST_CAP ((size_t)1 << 20)
 #define MAX_UNEXPECTED ((uint64_t)1 << 32)
+/* Frees the unexpected messages queued on p (its link is closing). */
+void tcp_peer_free_queue(struct tcp_peer *p);
 const char *tcp_coll_name(int c);
 int tcp_world_of(const struct tcp_comm *c, int r);
 /* Fails the comm: peer's link was lost while doing what. */
@@ -366,7 +368,6 @@ int tcp_p2p_recv(struct tcp_comm *c, const struct dcomm_coll_args *a);
 int tcp_uq_take(struct tcp_comm *c, int peer, const struct dcomm_coll_args *a, void *buf);
 /* The probe op: see dcomm_plugin.h (called with the comm idle). */
 int tcp_p2p_probe(struct tcp_comm *c, int peer, int tag, double deadline, int *src, size_t *nbytes);
-void tcp_peer_free_queue(struct tcp_peer *p);
 /* tcp_conn.c: clean goodbye on every link (BYE + shutdown + drain); then close. */
 void tcp_close_links(struct tcp_comm *c);
 

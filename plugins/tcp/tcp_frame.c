@@ -332,7 +332,18 @@ int tcp_check_hdr(struct tcp_comm *c, int peer, const struct tcp_xop *op, const 
   return sig_ok && h->len == op->len ? 0 : tcp_mismatch(c, peer, a);
 }
 
-/* Whether a frame goes single-copy: a collective's payload of at least
- * DCOMM_SHM_CMA_MIN (DCOMM_SHM_CMA_FWD_MIN for data this rank wrote in the
- * same call) on a link whose ends may read each other's memory. Never
- * p2p: a blocking send must not wait for its receiver. */
+/* Frees the unexpected point-to-point messages queued on a peer. */
+void tcp_peer_free_queue(struct tcp_peer *p) {
+  if (p->rx_uq) {
+    free(p->rx_uq->data);
+    free(p->rx_uq);
+    p->rx_uq = NULL;
+  }
+  while (p->uq_head) {
+    struct tcp_uq *q = p->uq_head;
+    p->uq_head = q->next;
+    free(q->data);
+    free(q);
+  }
+  p->uq_tail = NULL;
+}

@@ -156,18 +156,3 @@ int tcp_p2p_probe(struct tcp_comm *c, int peer, int tag, double deadline, int *s
     }
   }
 }
-
-void tcp_peer_free_queue(struct tcp_peer *p) {
-  if (p->rx_uq) {
-    free(p->rx_uq->data);
-    free(p->rx_uq);
-    p->rx_uq = NULL;
-  }
-  while (p->uq_head) {
-    struct tcp_uq *q = p->uq_head;
-    p->uq_head = q->next;
-    free(q->data);
-    free(q);
-  }
-  p->uq_tail = NULL;
-}

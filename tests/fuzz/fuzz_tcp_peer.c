@@ -27,7 +27,6 @@
  */
 #include "config.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -44,6 +43,7 @@
 #include "auth.h"
 #include "clock.h"
 #include "dcomm.h"
+#include "../proc_fds.h"
 #include "error.h"
 #include "fuzz_util.h"
 #include "param.h"
@@ -401,15 +401,6 @@ static void *peer_main(void *arg) {
 
 /* ---- descriptors: none may stay behind an input ---- */
 
-static int count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  int n = 0;
-  if (!d) return -1;
-  while (readdir(d)) n++;
-  closedir(d);
-  return n;
-}
-
 static struct bufs bufs;
 
 static void setup(void) {
@@ -456,7 +447,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   be->finalize(ctx);
   pthread_join(p.th, NULL);
   fuzz_check_bound(t0, 4.0, "one exchange with a fuzzed peer");
-  int fds = count_fds();
+  int fds = proc_open_fds();
   if (!base_fds) base_fds = fds;
   if (fds > base_fds + 4) {
     fprintf(stderr, "fuzz: %d descriptors open after the input, %d after the first (a leak)\n", fds, base_fds);

@@ -14,27 +14,18 @@
  * Exit status 0 when every phase succeeded and the sums were right.
  */
 #define _POSIX_C_SOURCE 200809L
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "dcomm.h"
+#include "../proc_fds.h"
 
 static double now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  int n = 0;
-  if (!d) return -1;
-  while (readdir(d)) n++;
-  closedir(d);
-  return n - 3; /* ".", ".." and the directory's own descriptor */
 }
 
 static long rss_kib(void) {
@@ -94,7 +85,7 @@ int main(void) {
   t[T_GROUP] = now() - t0;
   free(even);
 
-  t[T_N] = count_fds();
+  t[T_N] = proc_open_fds();
   t[T_N + 1] = (double)rss_kib();
   if ((rc = dcomm_all_reduce(t, T_N + 2, DCOMM_FLOAT64, DCOMM_MAX, NULL))) return fail("all_reduce of the times", rc);
   if (me == 0)
