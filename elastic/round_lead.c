@@ -35,11 +35,11 @@ static int cmp_joiner(const void *a, const void *b) {
 /* Tickets 1..n whose holders still run (see holder_alive). */
 static int64_t live_tickets(struct dcomm_store *s, const struct launchers *l, long gen, int64_t n) {
   int64_t live = 0;
-  for (int64_t t = 1; t <= n; t++) {
-    struct joiner j;
-    /* A ticket taken but not yet written counts: its holder is at work. */
-    if (!dcomm__round_read_ticket(s, gen, t, 0.001, &j) || dcomm__round_holder_alive(l, j.t.slot, j.t.pid)) live++;
-  }
+  struct joiner *js = dcomm__round_read_tickets(s, gen, n, 0.001);
+  /* A ticket taken but not yet written counts: its holder is at work. */
+  for (int64_t i = 0; js && i < n; i++)
+    if (!js[i].ticket || dcomm__round_holder_alive(l, js[i].t.slot, js[i].t.pid)) live++;
+  free(js);
   return live;
 }
 
@@ -69,12 +69,14 @@ static int quorum_reached(struct dcomm_store *s, long gen, int64_t n, const stru
   *have = 0;
   *of = 0;
   if (!L->present) return 1; /* the first world: nothing to split */
-  for (int64_t t = 1; t <= n; t++) {
-    struct joiner j;
-    if (!dcomm__round_read_ticket(s, gen, t, 0.001, &j) || j.t.old_rank < 0 || j.t.old_gen != L->gen) continue;
+  struct joiner *js = dcomm__round_read_tickets(s, gen, n, 0.001);
+  for (int64_t i = 0; js && i < n; i++) {
+    const struct joiner *j = &js[i];
+    if (!j->ticket || j->t.old_rank < 0 || j->t.old_gen != L->gen) continue;
     (*have)++;
-    if (j.t.old_size > *of) *of = j.t.old_size;
+    if (j->t.old_size > *of) *of = j->t.old_size;
   }
+  free(js);
   if (*of <= 0) return 1; /* only joiners (or old tickets without sizes): nothing to compare with */
   long min = dcomm__param_int(DCOMM_P_ELASTIC_MIN_WORLD);
   return min > 0 ? *have >= min : 2 * *have > *of;
@@ -91,13 +93,13 @@ static void missing_members(struct dcomm_store *s, const struct launchers *l, lo
   long *have = calloc((size_t)n + 1, sizeof(*have));
   int *have_slot = calloc((size_t)n + 1, sizeof(*have_slot));
   int64_t nh = 0;
-  for (int64_t t = 1; t <= n && have && have_slot; t++) {
-    struct joiner j;
-    if (dcomm__round_read_ticket(s, gen, t, 0.001, &j)) {
-      have[nh] = j.t.pid;
-      have_slot[nh++] = j.t.slot;
+  struct joiner *js = have && have_slot ? dcomm__round_read_tickets(s, gen, n, 0.001) : NULL;
+  for (int64_t i = 0; js && i < n; i++)
+    if (js[i].ticket) {
+      have[nh] = js[i].t.pid;
+      have_slot[nh++] = js[i].t.slot;
     }
-  }
+  free(js);
   char key[64], rec[DCOMM_NODE_RECORD_MAX], host[128], list[4096];
   for (int slot = 1; slot < DCOMM_MAX_SLOTS && have && have_slot; slot++) {
     if (!l->live_slot[slot]) continue;
@@ -209,12 +211,15 @@ static int lead_round_with(struct dcomm_store *s, long gen, struct launchers *l)
     usleep(5000);
   }
   if (n < 1) n = 1; /* the leader holds ticket 1 */
-  struct joiner *js = calloc((size_t)n, sizeof(*js));
+  /* A ticket taken is written at once: 2 s for the last ones to come. */
+  struct joiner *js = dcomm__round_read_tickets(s, gen, n, 2.0);
   if (!js) return dcomm__err(DCOMM_ENOMEM, "out of memory");
   int k = 0;
-  for (int64_t t = 1; t <= n; t++) {
+  for (int64_t i = 0; i < n; i++) {
     struct joiner *j = &js[k];
-    if (!dcomm__round_read_ticket(s, gen, t, 2.0, j)) continue;
+    if (!js[i].ticket) continue;
+    int64_t t = js[i].ticket;
+    *j = js[i];
     /* A joiner whose node is gone died with it; a survivor may still be
      * alive, its launcher merely slower to be seen: it is kept. A holder
      * its launcher no longer runs is dead. */

@@ -50,18 +50,35 @@ int dcomm__round_holder_alive(const struct launchers *l, int slot, long pid) {
   return dcomm__node_record_has_pid(l->pids[slot], pid);
 }
 
-int dcomm__round_read_ticket(struct dcomm_store *s, long gen, int64_t t, double wait, struct joiner *j) {
-  char key[128];
-  void *val = NULL;
-  size_t len = 0;
-  snprintf(key, sizeof(key), DCOMM_KEY_TICKET_FMT, gen, (long long)t);
-  if (dcomm__store_get(s, key, wait, &val, &len) < 0) return 0; /* took a ticket, then died */
-  memset(j, 0, sizeof(*j));
-  int bad = dcomm__ticket_parse(val, len, &j->t) < 0;
-  free(val);
-  if (bad) return 0;
-  j->ticket = (long)t;
-  return 1;
+struct joiner *dcomm__round_read_tickets(struct dcomm_store *s, long gen, int64_t n, double wait) {
+  size_t m = n > 0 ? (size_t)n : 0;
+  struct joiner *js = calloc(m ? m : 1, sizeof(*js));
+  char **keys = calloc(m ? m : 1, sizeof(*keys));
+  char *names = malloc(m ? m * 64 : 1);
+  void **vals = calloc(m ? m : 1, sizeof(*vals));
+  size_t *lens = calloc(m ? m : 1, sizeof(*lens));
+  if (!js || !keys || !names || !vals || !lens) {
+    free(js);
+    js = NULL;
+    m = 0;
+  }
+  for (size_t i = 0; i < m; i++) {
+    keys[i] = names + i * 64;
+    snprintf(keys[i], 64, DCOMM_KEY_TICKET_FMT, gen, (long long)(i + 1));
+  }
+  /* Absent at the deadline (a member took a ticket, then died) or any
+   * failure: those entries stay unread. */
+  if (m) (void)dcomm__store_get_many(s, (const char *const *)keys, (int)m, wait, vals, lens);
+  for (size_t i = 0; i < m; i++) {
+    if (vals[i] && dcomm__ticket_parse(vals[i], lens[i], &js[i].t) == 0) js[i].ticket = (long)(i + 1);
+    else memset(&js[i], 0, sizeof(js[i]));
+    free(vals[i]);
+  }
+  free(keys);
+  free(names);
+  free(vals);
+  free(lens);
+  return js;
 }
 
 void dcomm__round_read_gen(struct dcomm_store *s, struct gen_seen *g) {

@@ -52,9 +52,10 @@ int dcomm__round_slot_alive(const struct launchers *l, int slot);
  * pids and this one is not among them, or when the node's record is gone;
  * 1 otherwise (no launcher, a record without a list). */
 int dcomm__round_holder_alive(const struct launchers *l, int slot, long pid);
-/* Reads ticket t of round gen into j, waiting up to wait seconds: 1 read,
- * 0 absent or malformed. */
-int dcomm__round_read_ticket(struct dcomm_store *s, long gen, int64_t t, double wait, struct joiner *j);
+/* Reads tickets 1..n of round gen at once (get_many), waiting up to wait
+ * seconds for all: entry t-1 (ticket t) has .ticket == t when read, 0 when
+ * absent or malformed. malloc'd (free it); NULL out of memory. */
+struct joiner *dcomm__round_read_tickets(struct dcomm_store *s, long gen, int64_t n, double wait);
 /* The job's current generation (elastic/gen) into g. */
 void dcomm__round_read_gen(struct dcomm_store *s, struct gen_seen *g);
 /* 1 when key exists. */

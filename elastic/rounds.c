@@ -261,19 +261,21 @@ static int world_nodes(struct dcomm_store *s, long gen, char *world_slots, int *
   }
   snprintf(key, sizeof(key), DCOMM_KEY_JOIN_N_FMT, gen);
   int64_t n = dcomm__store_peek_long(s, key, 0);
-  for (int64_t t = 1; t <= n; t++) {
-    struct joiner j;
-    if (!dcomm__round_read_ticket(s, gen, t, 0.001, &j) || j.t.slot <= 0 || j.t.slot >= DCOMM_MAX_SLOTS) continue;
+  struct joiner *js = dcomm__round_read_tickets(s, gen, n, 0.001);
+  for (int64_t i = 0; js && i < n; i++) {
+    const struct joiner *j = &js[i];
+    if (!j->ticket || j->t.slot <= 0 || j->t.slot >= DCOMM_MAX_SLOTS || world_slots[j->t.slot]) continue;
     /* a member of the plan? ids are whole lines */
-    size_t il = strlen(j.t.id);
+    size_t il = strlen(j->t.id);
     int in = 0;
-    for (char *p = strstr(plan, j.t.id); p && !in; p = strstr(p + 1, j.t.id))
+    for (char *p = strstr(plan, j->t.id); p && !in; p = strstr(p + 1, j->t.id))
       in = (p == plan || p[-1] == '\n') && p[il] == '\n';
-    if (in && !world_slots[j.t.slot]) {
-      world_slots[j.t.slot] = 1;
+    if (in) {
+      world_slots[j->t.slot] = 1;
       ++*nodes;
     }
   }
+  free(js);
   free(val);
   return 0;
 }
@@ -309,11 +311,12 @@ int dcomm__rounds_admissible(struct dcomm_store *s, long gen, int size, int64_t 
     cached_gen = gen;
   }
   if (nodes_in < max_nodes) return 1;
-  for (int64_t t = 1; t <= n; t++) {
-    struct joiner j;
-    if (!dcomm__round_read_ticket(s, gen + 1, t, 0.001, &j)) continue;
-    if (j.t.slot > 0 && j.t.slot < DCOMM_MAX_SLOTS && slots_in[j.t.slot]) return 1;
-  }
+  struct joiner *js = dcomm__round_read_tickets(s, gen + 1, n, 0.001);
+  int replaces = 0;
+  for (int64_t i = 0; js && i < n && !replaces; i++)
+    replaces = js[i].ticket && js[i].t.slot > 0 && js[i].t.slot < DCOMM_MAX_SLOTS && slots_in[js[i].t.slot];
+  free(js);
+  if (replaces) return 1;
   DCOMM_LOG(DEBUG, ELASTIC, "members of a spare node wait to join; the world spans the maximum of %d nodes already",
             max_nodes);
   return 0;

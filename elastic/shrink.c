@@ -89,6 +89,8 @@ int dcomm__elastic_shrink(struct dcomm_world *w, char (*plan)[40], char (*old_me
   }
   free(w->members);
   w->members = plan; /* the new generation's member table, in rank order */
+  int *map = ok ? dcomm__members_map(old_members, old_size) : NULL;
+  ok = ok && map;
   if (!ok) {
     if (rc == 0) rc = dcomm__err(DCOMM_ENOMEM, "out of memory");
     dcomm__world_release(w, 1);
@@ -105,8 +107,8 @@ int dcomm__elastic_shrink(struct dcomm_world *w, char (*plan)[40], char (*old_me
     pthread_mutex_unlock(&w->lock);
     /* The renumbering is done in full before any backend call, so a
      * failure at any group leaves every group as the rebuild expects. */
-    ngone[0] = dcomm__group_renumber(&w->world, old_members, old_size, gone[0]);
-    for (int i = 1; i <= n; i++) ngone[i] = dcomm__group_renumber(order[i - 1], old_members, old_size, gone[i]);
+    ngone[0] = dcomm__group_renumber(&w->world, map, old_size, gone[0]);
+    for (int i = 1; i <= n; i++) ngone[i] = dcomm__group_renumber(order[i - 1], map, old_size, gone[i]);
     rc = dcomm__world_enter(w);
     if (rc == 0) rc = dcomm__world_group_reset(w);
     if (rc == 0) rc = shrink_one(w, &w->world, old[0], gone[0], ngone[0]);
@@ -126,6 +128,6 @@ int dcomm__elastic_shrink(struct dcomm_world *w, char (*plan)[40], char (*old_me
     }
   }
   for (int i = 0; gone && i <= n; i++) free(gone[i]);
-  free(gone), free(ngone), free(old), free(order);
+  free(gone), free(ngone), free(old), free(order), free(map);
   return rc;
 }

@@ -334,18 +334,50 @@ int dcomm__groups_ordered(struct dcomm_group ***order, int *n) {
   return 0;
 }
 
-int dcomm__group_renumber(struct dcomm_group *g, char (*old_members)[40], int old_size, int *gone) {
+static int cmp_member(const void *a, const void *b) {
+  return strcmp(dcomm__w.members[*(const int *)a], dcomm__w.members[*(const int *)b]);
+}
+
+int *dcomm__members_map(char (*old_members)[40], int old_size) {
+  struct dcomm_world *w = &dcomm__w;
+  int *map = malloc(sizeof(int) * (size_t)(old_size > 0 ? old_size : 1));
+  int *by_id = malloc(sizeof(int) * (size_t)(w->size > 0 ? w->size : 1));
+  if (!map || !by_id) {
+    free(map);
+    free(by_id);
+    dcomm__err(DCOMM_ENOMEM, "out of memory");
+    return NULL;
+  }
+  /* The new world's ranks sorted by member id, then one search per old
+   * member: n log n, not n^2. */
+  for (int r = 0; r < w->size; r++) by_id[r] = r;
+  if (w->members) qsort(by_id, (size_t)w->size, sizeof(int), cmp_member);
+  for (int old = 0; old < old_size; old++) {
+    int lo = 0, hi = w->members ? w->size : 0;
+    map[old] = -1;
+    while (lo < hi) {
+      int mid = lo + (hi - lo) / 2, c = strcmp(w->members[by_id[mid]], old_members[old]);
+      if (c == 0) {
+        map[old] = by_id[mid];
+        break;
+      }
+      if (c < 0) lo = mid + 1;
+      else hi = mid;
+    }
+  }
+  free(by_id);
+  return map;
+}
+
+int dcomm__group_renumber(struct dcomm_group *g, const int *map, int old_size, int *gone) {
   struct dcomm_world *w = &dcomm__w;
   int k = 0, ngone = 0;
   for (int j = 0; j < g->size; j++) {
-    int old = g->world_ranks[j], found = 0;
-    for (int r = 0; old >= 0 && old < old_size && r < w->size && !found; r++)
-      if (!strcmp(w->members[r], old_members[old])) {
-        g->world_ranks[k++] = r;
-        found = 1;
-      }
-    if (!found && gone) gone[ngone] = j;
-    ngone += !found;
+    int old = g->world_ranks[j];
+    int now = old >= 0 && old < old_size ? map[old] : -1;
+    if (now >= 0) g->world_ranks[k++] = now;
+    else if (gone) gone[ngone] = j;
+    ngone += now < 0;
   }
   g->size = k;
   g->rank = -1;
@@ -363,13 +395,17 @@ int dcomm__group_renumber(struct dcomm_group *g, char (*old_members)[40], int ol
 int dcomm__groups_rebuild(char (*old_members)[40], int old_size) {
   struct dcomm_group **order;
   int n, rc = 0;
-  DCOMM_CHECK(dcomm__groups_ordered(&order, &n));
+  int *map = NULL;
+  if (old_size >= 0 && !(map = dcomm__members_map(old_members, old_size))) return DCOMM_ENOMEM;
+  rc = dcomm__groups_ordered(&order, &n);
+  if (rc < 0) n = 0;
   for (int i = 0; i < n && rc == 0; i++) {
     struct dcomm_group *g = order[i];
-    if (old_size >= 0) dcomm__group_renumber(g, old_members, old_size, NULL);
+    if (map) dcomm__group_renumber(g, map, old_size, NULL);
     if (g->is_member) rc = dcomm__group_connect(g);
     DCOMM_LOG(INFO, GROUP, "rebuilt %s: %d members, my rank %d", g->label, g->size, g->rank);
   }
-  free(order);
+  if (n) free(order);
+  free(map);
   return rc;
 }

@@ -44,25 +44,34 @@ void dcomm__world_release(struct dcomm_world *w, int aborted) {
 }
 
 /* Reads every world rank's member id (each rank set its own before it
- * connected, so after the world exists they are all there). */
+ * connected, so after the world exists they are all there), in one
+ * request per DCOMM_STORE_MAX_WAIT_KEYS where the store can. */
 static int load_members(struct dcomm_world *w) {
+  int n = w->size;
   free(w->members);
-  w->members = calloc((size_t)w->size, sizeof(*w->members));
-  if (!w->members) return dcomm__err(DCOMM_ENOMEM, "out of memory");
-  for (int r = 0; r < w->size; r++) {
-    char key[64];
-    void *val = NULL;
-    size_t len = 0;
-    snprintf(key, sizeof(key), "member/%d", r);
-    DCOMM_CHECK(dcomm__store_get(w->store, key, -1, &val, &len));
-    if (len == 0 || len > sizeof(w->members[r]) || ((char *)val)[len - 1]) {
-      free(val);
-      return dcomm__err(DCOMM_EPROTO, "malformed member id of rank %d in the store", r);
-    }
-    memcpy(w->members[r], val, len);
-    free(val);
+  w->members = calloc((size_t)n, sizeof(*w->members));
+  char **keys = calloc((size_t)n, sizeof(*keys));
+  char *names = malloc((size_t)n * 24);
+  void **vals = calloc((size_t)n, sizeof(*vals));
+  size_t *lens = calloc((size_t)n, sizeof(*lens));
+  int rc = w->members && keys && names && vals && lens ? 0 : dcomm__err(DCOMM_ENOMEM, "out of memory");
+  for (int r = 0; rc == 0 && r < n; r++) {
+    keys[r] = names + (size_t)r * 24;
+    snprintf(keys[r], 24, "member/%d", r);
   }
-  return 0;
+  if (rc == 0) rc = dcomm__store_get_many(w->store, (const char *const *)keys, n, -1, vals, lens);
+  for (int r = 0; rc == 0 && r < n; r++) {
+    if (lens[r] == 0 || lens[r] > sizeof(w->members[r]) || ((char *)vals[r])[lens[r] - 1])
+      rc = dcomm__err(DCOMM_EPROTO, "malformed member id of rank %d in the store", r);
+    else
+      memcpy(w->members[r], vals[r], lens[r]);
+  }
+  for (int r = 0; vals && r < n; r++) free(vals[r]);
+  free(keys);
+  free(names);
+  free(vals);
+  free(lens);
+  return rc;
 }
 
 int dcomm__world_prefix(struct dcomm_world *w) {

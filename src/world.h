@@ -114,13 +114,17 @@ void dcomm__group_release(struct dcomm_group *grp);
 /* The sub-groups in creation order, oldest first: *n entries in *order
  * (the caller frees it). */
 int dcomm__groups_ordered(struct dcomm_group ***order, int *n);
-/* After a recovery: g keeps its members that are still alive, found by
- * member id (old_members: the previous generation's table of old_size),
- * in their old order, as ranks of the new world (w->members); the id is
- * re-derived from the generation, sequence numbers restart; the handle
- * stays valid. Returns how many members g lost; their ranks in g before
- * the call go to gone (g->size entries) unless it is NULL. */
-int dcomm__group_renumber(struct dcomm_group *g, char (*old_members)[40], int old_size, int *gone);
+/* After a recovery: each old world rank's rank in the new world (-1: gone),
+ * found by member id (old_members: the previous generation's table of
+ * old_size; the new one is w->members), in O(n log n). malloc'd; NULL out
+ * of memory. */
+int *dcomm__members_map(char (*old_members)[40], int old_size);
+/* g keeps its members that are still alive, in their old order, as ranks
+ * of the new world (map: dcomm__members_map); the id is re-derived from
+ * the generation, sequence numbers restart; the handle stays valid.
+ * Returns how many members g lost; their ranks in g before the call go to
+ * gone (g->size entries) unless it is NULL. */
+int dcomm__group_renumber(struct dcomm_group *g, const int *map, int old_size, int *gone);
 /* Renumbers every sub-group (old_size < 0: a failed shrink already did)
  * and creates the communicators of those this rank is in, in creation
  * order. */

@@ -184,6 +184,45 @@ START_TEST(tcp_max_value_wire) {
 }
 END_TEST
 
+/* MGET on the wire: its answer's layout, and key counts out of range
+ * refused with the connection closed. */
+START_TEST(tcp_mget_wire) {
+  struct dcomm_store *a = client();
+  ok(dcomm__store_set(a, "mg", "xyz", 3));
+  int fd = raw_store();
+  unsigned char f[64], *p = f;
+  p = dcomm__store_put_u8(p, DCOMM_STORE_CMD_MGET);
+  p = dcomm__store_put_u64(p, 50);
+  p = dcomm__store_put_u32(p, 2);
+  p += put_str(p, "mg", 2);
+  p += put_str(p, "absent", 6);
+  raw_send(fd, f, (size_t)(p - f));
+  ck_assert_int_eq(raw_status(fd, 5), 0);
+  unsigned char ans[4 + 5 + 3 + 5];
+  ck_assert_int_eq(dcomm__sock_recv_all(fd, ans, sizeof(ans), dcomm__now() + 5, -1), 0);
+  ck_assert_uint_eq(dcomm__store_get_u32(ans), 2);
+  ck_assert_int_eq(ans[4], 1);
+  ck_assert_uint_eq(dcomm__store_get_u32(ans + 5), 3);
+  ck_assert_int_eq(memcmp(ans + 9, "xyz", 3), 0);
+  ck_assert_int_eq(ans[12], 0); /* absent at the deadline */
+  ck_assert_uint_eq(dcomm__store_get_u32(ans + 13), 0);
+  close(fd);
+  uint32_t counts[] = {0, DCOMM_STORE_MAX_WAIT_KEYS + 1};
+  for (int i = 0; i < 2; i++) {
+    fd = raw_store();
+    p = f;
+    p = dcomm__store_put_u8(p, DCOMM_STORE_CMD_MGET);
+    p = dcomm__store_put_u64(p, 50);
+    p = dcomm__store_put_u32(p, counts[i]);
+    raw_send(fd, f, (size_t)(p - f));
+    ck_assert_int_eq(raw_status(fd, 5), DCOMM_EPROTO);
+    ck_assert(raw_eof(fd, 5));
+    close(fd);
+  }
+  dcomm__store_close(a);
+}
+END_TEST
+
 /* Sends a raw frame and checks the server answers DCOMM_EPROTO and closes. */
 static void expect_txn_frame_refused(const unsigned char *f, size_t n, int half_close) {
   int fd = raw_store();
@@ -831,6 +870,7 @@ static Suite *store_suite(void) {
   tcase_add_test(tc, tcp_redial);
   tcase_add_test(tc, tcp_connect_timeout_and_local_ip);
   tcase_add_test(tc, tcp_txn_wire);
+  tcase_add_test(tc, tcp_mget_wire);
   tcase_add_test(tc, tcp_max_clients);
   suite_add_tcase(s, tc);
 

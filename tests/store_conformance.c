@@ -274,6 +274,119 @@ START_TEST(conf_wait) {
 }
 END_TEST
 
+static void free_all(void **vals, int n) {
+  for (int i = 0; i < n; i++) free(vals[i]);
+}
+
+static int stop_at_once(void *arg) {
+  ++*(int *)arg;
+  return DCOMM_EREVOKED;
+}
+
+START_TEST(conf_get_many) {
+  const struct store_factory *f = FACTORY;
+  struct dcomm_store *a = conf_open(f, NULL, 0.3), *b = conf_open(f, NULL, 0.3);
+  /* Keys set one by one by another handle: one call waits for all. */
+  const char *keys[] = {"m1", "m2", "m3"};
+  void *vals[4];
+  size_t lens[4];
+  struct delayed_set d = {.s = b, .delay = 0.1, .keys = {"m1", "m2", "m3"}, .n = 3};
+  pthread_t th;
+  double t0 = dcomm__now();
+  ck_assert_int_eq(pthread_create(&th, NULL, delayed_set_main, &d), 0);
+  int rc = dcomm__store_get_many(a, keys, 3, 10.0, vals, lens);
+  double el = dcomm__now() - t0;
+  pthread_join(th, NULL);
+  ck_assert_msg(rc == 0, "get_many returned %d (%s)", rc, dcomm_last_error());
+  ck_assert_msg(el >= 0.25 && el < 5.0, "get_many returned after %.3f s", el);
+  for (int i = 0; i < 3; i++) ck_assert_msg(lens[i] == 1 && !memcmp(vals[i], "v", 1), "value %d", i);
+  free_all(vals, 3);
+  /* Values in request order, an empty one included; a key missing at the
+   * deadline: DCOMM_ETIMEDOUT naming it, the others read all the same. */
+  ok(dcomm__store_set(b, "m2", "second", 6));
+  ok(dcomm__store_set(b, "m0", "", 0));
+  const char *some[] = {"m2", "missing", "m0", "m1"};
+  t0 = dcomm__now();
+  ck_assert_int_eq(dcomm__store_get_many(a, some, 4, 0.4, vals, lens), DCOMM_ETIMEDOUT);
+  el = dcomm__now() - t0;
+  ck_assert_msg(el >= 0.35 && el < 3.0, "get_many timed out after %.3f s", el);
+  ck_assert_ptr_nonnull(strstr(dcomm_last_error(), "1 of 4 keys not set"));
+  ck_assert_ptr_nonnull(strstr(dcomm_last_error(), "'missing'"));
+  ck_assert_msg(lens[0] == 6 && !memcmp(vals[0], "second", 6), "the first value");
+  ck_assert_ptr_null(vals[1]);
+  ck_assert_msg(vals[2] && lens[2] == 0, "an empty value is present with length 0");
+  ck_assert_msg(lens[3] == 1 && !memcmp(vals[3], "v", 1), "the last value");
+  free_all(vals, 4);
+  /* Bad input. */
+  ck_assert_int_eq(dcomm__store_get_many(a, keys, -1, 0, vals, lens), DCOMM_EINVAL);
+  const char *bad[] = {"m1", NULL};
+  ck_assert_int_eq(dcomm__store_get_many(a, bad, 2, 0, vals, lens), DCOMM_EINVAL);
+  ok(dcomm__store_get_many(a, keys, 0, 0, vals, lens));
+  /* Through a view: its prefix on every key. */
+  struct dcomm_store *v;
+  ok(dcomm__store_view(a, "vw/", &v));
+  ok(dcomm__store_set(b, "vw/m1", "in-view", 7));
+  ck_assert_int_eq(dcomm__store_get_many(v, keys, 1, 0.2, vals, lens), 0);
+  ck_assert_msg(lens[0] == 7 && !memcmp(vals[0], "in-view", 7), "the view's value");
+  free_all(vals, 1);
+  dcomm__store_close(v);
+  /* More keys than one request holds, each value its own. */
+  int n = strcmp(f->name, "tcp") ? 40 : DCOMM_STORE_MAX_WAIT_KEYS + 5;
+  char(*names)[16] = calloc((size_t)n, sizeof(*names));
+  const char **many = calloc((size_t)n, sizeof(*many));
+  void **mv = calloc((size_t)n, sizeof(*mv));
+  size_t *ml = calloc((size_t)n, sizeof(*ml));
+  for (int i = 0; i < n; i++) {
+    snprintf(names[i], sizeof(names[i]), "k/%d", i);
+    many[i] = names[i];
+    ok(dcomm__store_set(b, names[i], names[i], strlen(names[i])));
+  }
+  ok(dcomm__store_get_many(a, many, n, 5.0, mv, ml));
+  for (int i = 0; i < n; i++)
+    ck_assert_msg(ml[i] == strlen(names[i]) && !memcmp(mv[i], names[i], ml[i]), "value %d of %d", i, n);
+  free_all(mv, n);
+  /* A stop function ends a wait for an absent key between slices. */
+  int asked = 0;
+  const char *gone[] = {"k/0", "never"};
+  t0 = dcomm__now();
+  rc = dcomm__store_get_many_stop(a, gone, 2, 30.0, stop_at_once, &asked, mv, ml);
+  el = dcomm__now() - t0;
+  ck_assert_int_eq(rc, DCOMM_EREVOKED);
+  ck_assert_int_eq(asked, 1);
+  ck_assert_msg(el < DCOMM_STORE_STOP_SLICE + 2.0, "the stop took %.3f s", el);
+  ck_assert_msg(!mv[0] && !mv[1], "nothing is handed back on a stop");
+  free(names);
+  free(many);
+  free(mv);
+  free(ml);
+  dcomm__store_close(a);
+  dcomm__store_close(b);
+}
+END_TEST
+
+/* Values that total more than one answer may hold are read all the same. */
+START_TEST(conf_get_many_large) {
+  conf_set_max_value("1024");
+  const struct store_factory *f = FACTORY;
+  struct dcomm_store *a = conf_open(f, NULL, 0.3);
+  char big[1000];
+  const char *keys[] = {"big/0", "big/1", "big/2"};
+  for (int i = 0; i < 3; i++) {
+    memset(big, 'x' + i, sizeof(big));
+    ok(dcomm__store_set(a, keys[i], big, sizeof(big)));
+  }
+  void *vals[3];
+  size_t lens[3];
+  ok(dcomm__store_get_many(a, keys, 3, 1.0, vals, lens));
+  for (int i = 0; i < 3; i++) {
+    memset(big, 'x' + i, sizeof(big));
+    ck_assert_msg(lens[i] == sizeof(big) && !memcmp(vals[i], big, sizeof(big)), "value %d", i);
+  }
+  free_all(vals, 3);
+  dcomm__store_close(a);
+}
+END_TEST
+
 START_TEST(conf_get_timeout) {
   struct dcomm_store *a = conf_open(FACTORY, NULL, 0.3);
   void *v = (void *)1;
@@ -1182,7 +1295,7 @@ END_TEST
 /* ---- registration ---- */
 
 #define CASES                                                                                               \
-  conf_basic, conf_compare_set, conf_wait, conf_get_timeout, conf_get_released, conf_validation_and_prefix, \
+  conf_basic, conf_compare_set, conf_wait, conf_get_many, conf_get_many_large, conf_get_timeout, conf_get_released, conf_validation_and_prefix, \
       conf_view, conf_max_value, conf_concurrent_add, conf_allgather, conf_txn_kinds, conf_txn_all_or_nothing,               \
       conf_txn_prefix, conf_txn_empty_value, conf_txn_validation, conf_txn_releases_get, conf_txn_race,      \
       conf_txn_race_processes

@@ -59,6 +59,11 @@ static int parse_verdict(const char *val, size_t len, const char **msg) {
   return (int)code;
 }
 
+/* A world size as published: a NUL-terminated decimal, else -1. */
+static long parse_size(const void *val, size_t len) {
+  return val && len && ((const char *)val)[len - 1] == 0 ? strtol(val, NULL, 10) : -1;
+}
+
 static int read_size(struct dcomm_world *w, int r, double until, long *size) {
   char key[64];
   void *val = NULL;
@@ -66,9 +71,40 @@ static int read_size(struct dcomm_world *w, int r, double until, long *size) {
   double left = until - dcomm__now();
   snprintf(key, sizeof(key), CHECKIN_SIZE, r);
   DCOMM_CHECK(dcomm__store_get(w->jstore, key, left > 0.001 ? left : 0.001, &val, &len));
-  *size = len && ((char *)val)[len - 1] == 0 ? strtol(val, NULL, 10) : -1;
+  *size = parse_size(val, len);
   free(val);
   return 0;
+}
+
+/* Rank 0: the world sizes of ranks 1..n-1, read at once (get_many) within
+ * until. 0, or DCOMM_ETIMEDOUT with *missing the ranks never seen (their
+ * sizes[r] -1, *first the lowest), or another error. */
+static int read_sizes(struct dcomm_world *w, double until, long *sizes, int *missing, int *first) {
+  int n = w->size - 1;
+  char **keys = calloc((size_t)n, sizeof(*keys));
+  char *names = malloc((size_t)n * 32);
+  void **vals = calloc((size_t)n, sizeof(*vals));
+  size_t *lens = calloc((size_t)n, sizeof(*lens));
+  int rc = keys && names && vals && lens ? 0 : dcomm__err(DCOMM_ENOMEM, "check-in: out of memory");
+  for (int i = 0; rc == 0 && i < n; i++) {
+    keys[i] = names + (size_t)i * 32;
+    snprintf(keys[i], 32, CHECKIN_SIZE, i + 1);
+  }
+  double left = until - dcomm__now();
+  if (rc == 0)
+    rc = dcomm__store_get_many(w->jstore, (const char *const *)keys, n, left > 0.001 ? left : 0.001, vals, lens);
+  *missing = 0;
+  *first = -1;
+  for (int i = 0; (rc == 0 || rc == DCOMM_ETIMEDOUT) && i < n; i++) {
+    sizes[i + 1] = vals[i] ? parse_size(vals[i], lens[i]) : -1;
+    if (!vals[i] && (*missing)++ == 0) *first = i + 1;
+    free(vals[i]);
+  }
+  free(keys);
+  free(names);
+  free(vals);
+  free(lens);
+  return rc;
 }
 
 /* Rank 0's side of the check-in: reads the world size of every rank of
@@ -76,27 +112,34 @@ static int read_size(struct dcomm_world *w, int r, double until, long *size) {
 static int check_in_rank0(struct dcomm_world *w, const struct dcomm_init_spec *spec, double until) {
   double ct = dcomm__param_double(DCOMM_P_CONNECT_TIMEOUT);
   char msg[600] = "", verdict[620];
-  int code = 0, missing = 0;
-  for (int r = 1; r < w->size && !code; r++) {
-    long theirs;
-    int rc = read_size(w, r, until, &theirs);
-    if (rc == DCOMM_ETIMEDOUT) {
-      code = rc, missing = 1;
-      snprintf(msg, sizeof(msg), "world rank %d never reached the store within DCOMM_CONNECT_TIMEOUT=%g s: did it "
-                                 "start, and does its MASTER_ADDR:MASTER_PORT (or init URL) name this store (%s:%d)?",
-               r, ct, spec->host, spec->port);
-    } else if (rc < 0) {
-      return dcomm__err_ctx(rc, "reading world rank %d's world size from the store", r);
-    } else if (theirs != w->size) {
+  int code = 0, missing = 0, first = -1;
+  long *sizes = calloc((size_t)w->size, sizeof(*sizes));
+  if (!sizes) return dcomm__err(DCOMM_ENOMEM, "check-in: out of memory");
+  int rc = w->size > 1 ? read_sizes(w, until, sizes, &missing, &first) : 0;
+  if (rc < 0 && rc != DCOMM_ETIMEDOUT) {
+    free(sizes);
+    return dcomm__err_ctx(rc, "reading the world sizes of %d ranks from the store", w->size - 1);
+  }
+  /* A disagreement names both values; it is told before a rank that never came. */
+  for (int r = 1; r < w->size && !code; r++)
+    if (sizes[r] != -1 && sizes[r] != w->size) {
       code = DCOMM_EINVAL;
       snprintf(msg, sizeof(msg), "%s disagrees between ranks: world rank 0 was told %d, world rank %d was told %ld; "
-                                 "give every rank the same value", size_var(spec), w->size, r, theirs);
+                                 "give every rank the same value", size_var(spec), w->size, r, sizes[r]);
     }
+  free(sizes);
+  if (!code && missing) {
+    code = DCOMM_ETIMEDOUT;
+    char more[64] = "";
+    if (missing > 1) snprintf(more, sizeof(more), " (and %d more ranks)", missing - 1);
+    snprintf(msg, sizeof(msg), "world rank %d%s never reached the store within DCOMM_CONNECT_TIMEOUT=%g s: did it "
+                               "start, and does its MASTER_ADDR:MASTER_PORT (or init URL) name this store (%s:%d)?",
+             first, more, ct, spec->host, spec->port);
   }
   if (!code) { /* a rank beyond this world, told a larger size, may have said so */
     void *val = NULL;
     size_t len = 0;
-    int rc = dcomm__store_get(w->jstore, CHECKIN_EXTRA, 0.001, &val, &len);
+    rc = dcomm__store_get(w->jstore, CHECKIN_EXTRA, 0.001, &val, &len);
     if (rc == 0) {
       code = DCOMM_EINVAL;
       snprintf(msg, sizeof(msg), "%.*s", len && ((char *)val)[len - 1] == 0 ? (int)len - 1 : 0, (char *)val);
@@ -106,7 +149,7 @@ static int check_in_rank0(struct dcomm_world *w, const struct dcomm_init_spec *s
     }
   }
   snprintf(verdict, sizeof(verdict), "%d %s", code, code ? msg : "ok");
-  int rc = dcomm__store_set(w->jstore, CHECKIN_VERDICT, verdict, strlen(verdict) + 1);
+  rc = dcomm__store_set(w->jstore, CHECKIN_VERDICT, verdict, strlen(verdict) + 1);
   if (!code) return rc;
   if (rc == 0) await_readers(w, CHECKIN_ACK, w->size - 1 - missing);
   return dcomm__err(code, "%s", msg);

@@ -117,24 +117,20 @@ int dcomm__store_compare_set(struct dcomm_store *s, const char *key, const void 
   return 0;
 }
 
-int dcomm__store_wait(struct dcomm_store *s, const char *const *keys, int n, double timeout) {
-  DCOMM_CHECK(check_handle(s));
-  if (n < 0 || n > DCOMM_STORE_MAX_WAIT_KEYS)
-    return dcomm__err(DCOMM_EINVAL, "store wait: %d keys (at most %d)", n, DCOMM_STORE_MAX_WAIT_KEYS);
-  if (n > 0 && !keys) return dcomm__err(DCOMM_EINVAL, "store wait: keys is NULL");
-  if (n == 0) return 0;
-  DCOMM_CHECK(resolve_timeout(s, timeout, &timeout));
-  /* One block holds the pointer array and every prefixed key. */
+/* One block holding n pointers and every key with s's prefix (free it);
+ * what names the call in errors. */
+static int prefixed_keys(const struct dcomm_store *s, const char *const *keys, int n, const char *what, char ***out) {
   size_t plen = strlen(s->prefix), total = (size_t)n * sizeof(char *);
   for (int i = 0; i < n; i++) {
-    if (!keys[i]) return dcomm__err(DCOMM_EINVAL, "store wait: key %d is NULL", i);
+    if (!keys[i]) return dcomm__err(DCOMM_EINVAL, "store %s: key %d is NULL", what, i);
     size_t kl = strnlen(keys[i], DCOMM_STORE_MAX_KEY + 1);
     if (kl == 0 || kl > DCOMM_STORE_MAX_KEY)
-      return dcomm__err(DCOMM_EINVAL, "store wait: key %d is empty or longer than %d bytes", i, DCOMM_STORE_MAX_KEY);
+      return dcomm__err(DCOMM_EINVAL, "store %s: key %d is empty or longer than %d bytes", what, i,
+                        DCOMM_STORE_MAX_KEY);
     total += plen + kl + 1;
   }
-  char **full = malloc(total);
-  if (!full) return dcomm__err(DCOMM_ENOMEM, "store wait: out of memory");
+  char **full = malloc(total ? total : 1);
+  if (!full) return dcomm__err(DCOMM_ENOMEM, "store %s: out of memory", what);
   char *p = (char *)(full + n);
   for (int i = 0; i < n; i++) {
     full[i] = p;
@@ -143,8 +139,111 @@ int dcomm__store_wait(struct dcomm_store *s, const char *const *keys, int n, dou
     memcpy(p + plen, keys[i], kl + 1);
     p += plen + kl + 1;
   }
+  *out = full;
+  return 0;
+}
+
+int dcomm__store_wait(struct dcomm_store *s, const char *const *keys, int n, double timeout) {
+  DCOMM_CHECK(check_handle(s));
+  if (n < 0 || n > DCOMM_STORE_MAX_WAIT_KEYS)
+    return dcomm__err(DCOMM_EINVAL, "store wait: %d keys (at most %d)", n, DCOMM_STORE_MAX_WAIT_KEYS);
+  if (n > 0 && !keys) return dcomm__err(DCOMM_EINVAL, "store wait: keys is NULL");
+  if (n == 0) return 0;
+  DCOMM_CHECK(resolve_timeout(s, timeout, &timeout));
+  char **full;
+  DCOMM_CHECK(prefixed_keys(s, keys, n, "wait", &full));
   int rc = s->ops->wait(s, (const char *const *)full, n, timeout);
   free(full);
+  return rc;
+}
+
+/* get_many without the op (or a batch it refused as too large): one get
+ * per key, each within what is left of the deadline. */
+static int get_each(struct dcomm_store *s, const char *const *keys, int n, double deadline, void **vals, size_t *lens) {
+  for (int i = 0; i < n; i++) {
+    double left = deadline - dcomm__now();
+    int rc = s->ops->get(s, keys[i], left > 0.001 ? left : 0.001, &vals[i], &lens[i]);
+    if (rc == DCOMM_ETIMEDOUT) vals[i] = NULL, lens[i] = 0;
+    else if (rc < 0) return rc;
+  }
+  return 0;
+}
+
+static void free_values(void **vals, size_t *lens, int n) {
+  for (int i = 0; i < n; i++) {
+    free(vals[i]);
+    vals[i] = NULL;
+    lens[i] = 0;
+  }
+}
+
+int dcomm__store_get_many(struct dcomm_store *s, const char *const *keys, int n, double timeout, void **vals,
+                          size_t *lens) {
+  DCOMM_CHECK(check_handle(s));
+  if (n < 0 || (n > 0 && (!keys || !vals || !lens)))
+    return dcomm__err(DCOMM_EINVAL, "store get_many: %d keys, or a NULL array", n);
+  for (int i = 0; i < n; i++) vals[i] = NULL, lens[i] = 0;
+  if (n == 0) return 0;
+  DCOMM_CHECK(resolve_timeout(s, timeout, &timeout));
+  char **full;
+  DCOMM_CHECK(prefixed_keys(s, keys, n, "get_many", &full));
+  double deadline = dcomm__now() + timeout;
+  int rc = 0;
+  for (int at = 0; rc == 0 && at < n; at += DCOMM_STORE_MAX_WAIT_KEYS) {
+    int k = n - at < DCOMM_STORE_MAX_WAIT_KEYS ? n - at : DCOMM_STORE_MAX_WAIT_KEYS;
+    double left = deadline - dcomm__now();
+    rc = s->ops->get_many ? s->ops->get_many(s, (const char *const *)full + at, k, left > 0.001 ? left : 0.001,
+                                             vals + at, lens + at)
+                          : DCOMM_EINVAL;
+    if (rc == DCOMM_EINVAL) rc = get_each(s, (const char *const *)full + at, k, deadline, vals + at, lens + at);
+  }
+  int missing = 0, first = -1;
+  for (int i = 0; rc == 0 && i < n; i++)
+    if (!vals[i] && missing++ == 0) first = i;
+  if (rc < 0) free_values(vals, lens, n);
+  else if (missing)
+    rc = dcomm__err(DCOMM_ETIMEDOUT, "store get_many: %d of %d keys not set within %.3f s, the first '%s'", missing,
+                    n, timeout, keys[first]);
+  free(full);
+  return rc;
+}
+
+int dcomm__store_get_many_stop(struct dcomm_store *s, const char *const *keys, int n, double timeout,
+                               dcomm_store_stop_fn stop, void *arg, void **vals, size_t *lens) {
+  if (!stop || n <= 0) return dcomm__store_get_many(s, keys, n, timeout, vals, lens);
+  DCOMM_CHECK(check_handle(s));
+  DCOMM_CHECK(resolve_timeout(s, timeout, &timeout));
+  double deadline = dcomm__now() + timeout;
+  /* Each slice asks again only for the keys still absent. */
+  const char **ask = malloc((size_t)n * sizeof(*ask));
+  int *at = malloc((size_t)n * sizeof(*at));
+  void **v = malloc((size_t)n * sizeof(*v));
+  size_t *l = malloc((size_t)n * sizeof(*l));
+  int rc = ask && at && v && l ? 0 : dcomm__err(DCOMM_ENOMEM, "store get_many: out of memory");
+  for (int i = 0; i < n; i++) vals[i] = NULL, lens[i] = 0;
+  while (rc == 0) {
+    int k = 0;
+    for (int i = 0; i < n; i++)
+      if (!vals[i]) ask[k] = keys[i], at[k++] = i;
+    if (k == 0) break;
+    double left = deadline - dcomm__now();
+    double slice = left < DCOMM_STORE_STOP_SLICE ? left : DCOMM_STORE_STOP_SLICE;
+    rc = dcomm__store_get_many(s, ask, k, slice > 0.001 ? slice : 0.001, v, l);
+    if (rc == 0 || rc == DCOMM_ETIMEDOUT)
+      for (int j = 0; j < k; j++) vals[at[j]] = v[j], lens[at[j]] = l[j];
+    if (rc != DCOMM_ETIMEDOUT) continue;
+    rc = 0;
+    if (dcomm__now() >= deadline)
+      rc = dcomm__err(DCOMM_ETIMEDOUT, "store get_many: %d of %d keys not set within %.3f s, the first '%s'", k, n,
+                      timeout, ask[0]);
+    else
+      rc = stop(arg);
+  }
+  if (rc < 0 && rc != DCOMM_ETIMEDOUT) free_values(vals, lens, n);
+  free(ask);
+  free(at);
+  free(v);
+  free(l);
   return rc;
 }
 
@@ -257,6 +356,11 @@ static int view_txn(struct dcomm_store *s, const struct dcomm_store_cmp *cmps, i
 static int view_wait(struct dcomm_store *s, const char *const *keys, int n, double timeout) {
   return OF(s)->ops->wait(OF(s), keys, n, timeout);
 }
+static int view_get_many(struct dcomm_store *s, const char *const *keys, int n, double timeout, void **vals,
+                         size_t *lens) {
+  if (!OF(s)->ops->get_many) return DCOMM_EINVAL; /* the caller reads them one by one */
+  return OF(s)->ops->get_many(OF(s), keys, n, timeout, vals, lens);
+}
 static int view_del(struct dcomm_store *s, const char *key, int *existed) {
   return OF(s)->ops->del(OF(s), key, existed);
 }
@@ -271,6 +375,7 @@ static const struct dcomm_store_ops view_ops = {
     .compare_set = view_compare_set,
     .txn = view_txn,
     .wait = view_wait,
+    .get_many = view_get_many,
     .del = view_del,
     .close = view_close,
 };

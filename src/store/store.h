@@ -58,6 +58,12 @@ struct dcomm_store_ops {
    * Keys are full (prefixed); at most DCOMM_STORE_TXN_MAX of each. */
   int (*txn)(struct dcomm_store *s, const struct dcomm_store_cmp *cmps, int ncmp, const struct dcomm_store_put *puts,
              int nput, int *done);
+  /* Optional: waits until every key exists or the timeout (at most
+   * DCOMM_STORE_MAX_WAIT_KEYS keys), then fills vals[i] (malloc'd) and
+   * lens[i]; vals[i] stays NULL for a key still absent. 0 even then;
+   * DCOMM_EINVAL: the caller reads them one by one instead (the values
+   * exceed what one answer may hold). NULL: always one by one. */
+  int (*get_many)(struct dcomm_store *s, const char *const *keys, int n, double timeout, void **vals, size_t *lens);
   /* Deletes key; *existed tells whether it was there (may be NULL). */
   int (*del)(struct dcomm_store *s, const char *key, int *existed);
   void (*close)(struct dcomm_store *s);
@@ -80,6 +86,13 @@ int dcomm__store_add(struct dcomm_store *s, const char *key, int64_t delta, int6
 int dcomm__store_compare_set(struct dcomm_store *s, const char *key, const void *expected, size_t elen,
                              const void *desired, size_t dlen, void **current, size_t *clen);
 int dcomm__store_wait(struct dcomm_store *s, const char *const *keys, int n, double timeout);
+/* The values of n keys (any n), read in one request per
+ * DCOMM_STORE_MAX_WAIT_KEYS where the store can: waits until every key
+ * exists, within timeout for all. 0: vals[i] (free each) and lens[i] for
+ * every key. DCOMM_ETIMEDOUT: some were still absent, their vals[i] NULL,
+ * the others filled (free them too). Any other error: nothing filled. */
+int dcomm__store_get_many(struct dcomm_store *s, const char *const *keys, int n, double timeout, void **vals,
+                          size_t *lens);
 /* Guarded write (see struct dcomm_store_cmp): keys get the prefix; *done
  * (not NULL) is 1 when the puts happened, 0 when a compare failed. */
 int dcomm__store_txn(struct dcomm_store *s, const struct dcomm_store_cmp *cmps, int ncmp,
@@ -103,6 +116,8 @@ int dcomm__store_allgather(struct dcomm_store *s, const char *prefix, int rank, 
 typedef int (*dcomm_store_stop_fn)(void *arg);
 int dcomm__store_get_stop(struct dcomm_store *s, const char *key, double timeout, dcomm_store_stop_fn stop, void *arg,
                           void **val, size_t *len);
+int dcomm__store_get_many_stop(struct dcomm_store *s, const char *const *keys, int n, double timeout,
+                               dcomm_store_stop_fn stop, void *arg, void **vals, size_t *lens);
 int dcomm__store_allgather_stop(struct dcomm_store *s, const char *prefix, int rank, int n, const void *mine,
                                 size_t len, double timeout, dcomm_store_stop_fn stop, void *arg, void **all,
                                 size_t *alllen);

@@ -319,6 +319,57 @@ out:
   return request_end(t, &f, rc);
 }
 
+/* The answer to MGET: u32 n, then per key u8 present, str value; values
+ * read so far are freed by the caller on an error. */
+static int recv_many(struct tcp_store *t, int n, void **vals, size_t *lens, double dl) {
+  unsigned char b[4];
+  DCOMM_CHECK(recv_fixed(t, b, 4, dl));
+  if (dcomm__store_get_u32(b) != (uint32_t)n) {
+    t->broken = 1;
+    return dcomm__err(DCOMM_EPROTO, "store %s: get_many answered %u values for %d keys", t->where,
+                      (unsigned)dcomm__store_get_u32(b), n);
+  }
+  for (int i = 0; i < n; i++) {
+    uint8_t present;
+    DCOMM_CHECK(recv_fixed(t, &present, 1, dl));
+    DCOMM_CHECK(recv_value(t, &vals[i], &lens[i], dl));
+    if (present > 1 || (!present && lens[i])) {
+      t->broken = 1;
+      return dcomm__err(DCOMM_EPROTO, "store %s: get_many answered a malformed entry %d", t->where, i);
+    }
+    if (!present) {
+      free(vals[i]);
+      vals[i] = NULL;
+    }
+  }
+  return 0;
+}
+
+static int tcp_get_many(struct dcomm_store *s, const char *const *keys, int n, double timeout, void **vals,
+                        size_t *lens) {
+  struct tcp_store *t = (struct tcp_store *)s;
+  struct frame f;
+  int rc;
+  double dl = io_deadline(timeout);
+  if ((rc = request_begin(t, &f, DCOMM_STORE_CMD_MGET)) < 0) goto out;
+  if (n < 1 || n > DCOMM_STORE_MAX_WAIT_KEYS) {
+    rc = dcomm__err(DCOMM_EINVAL, "store get_many: %d keys (1 to %d)", n, DCOMM_STORE_MAX_WAIT_KEYS);
+    goto out;
+  }
+  frame_u64(&f, dcomm__store_timeout_ms(timeout));
+  frame_u32(&f, (uint32_t)n);
+  for (int i = 0; i < n; i++)
+    if ((rc = frame_key(&f, keys[i])) < 0) goto out;
+  if ((rc = request_send(t, &f, NULL, 0, "get_many", dl)) == 0) rc = recv_many(t, n, vals, lens, dl);
+  if (rc < 0 && rc != DCOMM_EINVAL)
+    for (int i = 0; i < n; i++) {
+      free(vals[i]);
+      vals[i] = NULL;
+    }
+out:
+  return request_end(t, &f, rc);
+}
+
 static int tcp_txn(struct dcomm_store *s, const struct dcomm_store_cmp *cmps, int ncmp,
                    const struct dcomm_store_put *puts, int nput, int *done) {
   struct tcp_store *t = (struct tcp_store *)s;
@@ -380,6 +431,7 @@ static const struct dcomm_store_ops tcp_ops = {
     .add = tcp_add,
     .compare_set = tcp_compare_set,
     .wait = tcp_wait,
+    .get_many = tcp_get_many,
     .txn = tcp_txn,
     .del = tcp_del,
     .close = tcp_close,

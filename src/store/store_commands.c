@@ -4,7 +4,7 @@
  * requests waiting for the keys it wrote), the answers queued on a
  * connection's output, the parsing of a frame from its input buffer
  * (lengths checked as soon as they arrive, before anything is buffered for
- * them), the handlers of SET, GET, ADD, CAS, WAIT, DEL and TXN, and the
+ * them), the handlers of SET, GET, ADD, CAS, WAIT, DEL, TXN and MGET, and the
  * handshake's verdict. The wire format is store_proto.h; the event loop
  * that calls in here is store_server.c.
  */
@@ -355,6 +355,59 @@ static int do_wait(struct dcomm_store_server *srv, struct rd *r) {
   return answer_ok(r->c, NULL, 0, NULL, 0);
 }
 
+/* MGET: waits until every key exists or the request's deadline, then
+ * answers every value at once, present 0 for the keys still absent then;
+ * the answer is bounded by DCOMM_STORE_MAX_VALUE in all. */
+static int do_mget(struct dcomm_store_server *srv, struct rd *r) {
+  uint64_t ms;
+  uint32_t n;
+  RD(rd_u64(r, &ms));
+  RD(rd_u32(r, &n));
+  if (n == 0 || n > DCOMM_STORE_MAX_WAIT_KEYS)
+    return dcomm__sv_answer_err(r->c, DCOMM_EPROTO, 1, "get_many: %" PRIu32 " keys (1 to %d)", n,
+                                DCOMM_STORE_MAX_WAIT_KEYS);
+  size_t start = r->off;
+  for (uint32_t i = 0; i < n; i++) {
+    const char *k;
+    size_t kl;
+    RD(rd_key(r, &k, &kl));
+  }
+  start_block_clock(r->c, ms);
+  int timed_out = dcomm__now() >= r->c->block_dl;
+  /* Every key again on each wake-up (another client may delete one); the
+   * first absent one is waited on until the deadline. */
+  size_t total = 4;
+  struct rd again = {r->c, r->p, r->len, start};
+  for (uint32_t i = 0; i < n; i++) {
+    const char *k;
+    size_t kl;
+    RD(rd_key(&again, &k, &kl));
+    struct dcomm_kv *e = dcomm__kvmap_find(&srv->map, k, kl);
+    total += 5 + (e ? e->vlen : 0);
+    if (e || timed_out) continue;
+    wait_on(srv, r->c, k, kl);
+    return SV_BLOCK;
+  }
+  size_t max = dcomm__param_size(DCOMM_P_STORE_MAX_VALUE);
+  if (total > max + 4 + 5 * (size_t)n)
+    return dcomm__sv_answer_err(r->c, DCOMM_EINVAL, 0,
+                                "get_many: the %" PRIu32 " values total %zu bytes, more than DCOMM_STORE_MAX_VALUE (%zu)",
+                                n, total - 4 - 5 * (size_t)n, max);
+  unsigned char f[5];
+  dcomm__store_put_u32(f, n);
+  int rc = answer_ok(r->c, f, 4, NULL, 0);
+  again = (struct rd){r->c, r->p, r->len, start};
+  for (uint32_t i = 0; rc == SV_DONE && i < n; i++) {
+    const char *k;
+    size_t kl;
+    RD(rd_key(&again, &k, &kl));
+    struct dcomm_kv *e = dcomm__kvmap_find(&srv->map, k, kl);
+    dcomm__store_put_u32(dcomm__store_put_u8(f, e != NULL), e ? (uint32_t)e->vlen : 0);
+    rc = dcomm__sv_out_put(r->c, f, 5, e ? e->val : NULL, e ? e->vlen : 0);
+  }
+  return rc;
+}
+
 static const void *map_find(void *ctx, const char *key, size_t *len) {
   struct dcomm_kv *e = dcomm__kvmap_find(ctx, key, strlen(key));
   if (e) *len = e->vlen;
@@ -463,6 +516,7 @@ int dcomm__sv_serve_frame(struct dcomm_store_server *srv, struct conn *c) {
     case DCOMM_STORE_CMD_WAIT: rc = do_wait(srv, &r); break;
     case DCOMM_STORE_CMD_DEL: rc = do_del(srv, &r); break;
     case DCOMM_STORE_CMD_TXN: rc = do_txn(srv, &r); break;
+    case DCOMM_STORE_CMD_MGET: rc = do_mget(srv, &r); break;
     default: rc = dcomm__sv_answer_err(c, DCOMM_EPROTO, 1, "unknown command %u", cmd); break;
   }
   c->blocked = rc == SV_BLOCK;

@@ -1,11 +1,13 @@
 /*
  * store_gather.c: an all-gather through the store in O(n) requests for n
  * members, not n per member. Every member sets PREFIX/<rank>; member 0
- * reads them in rank order, sets PREFIX/all (one value holding all of
- * them), then deletes the per-member keys; the other members read that
- * one value. The tcp backend's address directory and dcomm_group_split's
- * (color, key) exchange go through it, so bootstrapping a world of n
- * ranks costs the store 3n requests instead of n^2.
+ * reads them all, in one request per DCOMM_STORE_MAX_WAIT_KEYS where the
+ * store can (get_many), and sets PREFIX/all (one value holding all of
+ * them); the other members read that one value, and each member deletes
+ * its own key. The tcp backend's address directory and
+ * dcomm_group_split's (color, key) exchange go through it, so
+ * bootstrapping a world of n ranks costs the store 3n requests instead of
+ * n^2, and member 0 waits for O(n / 1024) answers, not n.
  *
  * The gathered value (dcomm_plugin.h describes it to backends): n + 1
  * offsets (uint64_t, host order) then the bytes; member r's value is the
@@ -35,21 +37,32 @@ static int check_gathered(const void *all, size_t len, int n) {
   return prev == len ? 0 : -1;
 }
 
-/* Member 0: reads every member's value and builds the gathered one. */
+/* Member 0: reads every member's value (in one request per
+ * DCOMM_STORE_MAX_WAIT_KEYS where the store can) and builds the gathered
+ * one. */
 static int gather_all(struct dcomm_store *s, const char *prefix, int n, double deadline, dcomm_store_stop_fn stop,
                       void *arg, void **all, size_t *alllen) {
   void **vals = calloc((size_t)n, sizeof(*vals));
   size_t *lens = calloc((size_t)n, sizeof(*lens));
-  int rc = vals && lens ? 0 : dcomm__err(DCOMM_ENOMEM, "store all-gather: out of memory");
-  size_t total = sizeof(uint64_t) * ((size_t)n + 1);
-  char key[DCOMM_STORE_MAX_KEY + 1];
-  for (int r = 0; rc == 0 && r < n; r++) {
-    double left = deadline - dcomm__now();
-    snprintf(key, sizeof(key), "%s/%d", prefix, r);
-    rc = dcomm__store_get_stop(s, key, left > 0.001 ? left : 0.001, stop, arg, &vals[r], &lens[r]);
-    if (rc < 0 && rc != DCOMM_EREVOKED) rc = dcomm__err_ctx(rc, "member %d of %d never published %s", r, n, key);
-    total += lens[r];
+  char **keys = calloc((size_t)n, sizeof(*keys));
+  char *names = malloc((size_t)n * 24 + strlen(prefix) * (size_t)n);
+  int rc = vals && lens && keys && names ? 0 : dcomm__err(DCOMM_ENOMEM, "store all-gather: out of memory");
+  for (int r = 0, at = 0; rc == 0 && r < n; r++) {
+    keys[r] = names + at;
+    at += sprintf(keys[r], "%s/%d", prefix, r) + 1;
   }
+  if (rc == 0) {
+    double left = deadline - dcomm__now();
+    rc = dcomm__store_get_many_stop(s, (const char *const *)keys, n, left > 0.001 ? left : 0.001, stop, arg, vals,
+                                    lens);
+  }
+  if (rc == DCOMM_ETIMEDOUT) {
+    int r = 0;
+    while (r < n && vals[r]) r++;
+    rc = dcomm__err_ctx(rc, "member %d of %d never published %s", r, n, r < n ? keys[r] : prefix);
+  }
+  size_t total = sizeof(uint64_t) * ((size_t)n + 1);
+  for (int r = 0; rc == 0 && r < n; r++) total += lens[r];
   unsigned char *buf = rc == 0 ? malloc(total) : NULL;
   if (rc == 0 && !buf) rc = dcomm__err(DCOMM_ENOMEM, "store all-gather: out of memory");
   if (rc == 0) {
@@ -67,6 +80,8 @@ static int gather_all(struct dcomm_store *s, const char *prefix, int n, double d
   for (int r = 0; vals && r < n; r++) free(vals[r]);
   free(vals);
   free(lens);
+  free(keys);
+  free(names);
   return rc;
 }
 
@@ -95,10 +110,7 @@ int dcomm__store_allgather_stop(struct dcomm_store *s, const char *prefix, int r
     DCOMM_CHECK(dcomm__store_set(s, own, mine, len));
     DCOMM_CHECK(gather_all(s, prefix, n, deadline, stop, arg, all, alllen));
     int rc = dcomm__store_set(s, key, *all, *alllen);
-    for (int r = 0; rc == 0 && r < n; r++) {
-      snprintf(own, sizeof(own), "%s/%d", prefix, r);
-      dcomm__store_delete(s, own, NULL); /* tidiness only: the store outlives nothing */
-    }
+    if (rc == 0) dcomm__store_delete(s, own, NULL); /* each member deletes its own: tidiness only */
     if (rc < 0) {
       free(*all);
       *all = NULL;
@@ -119,5 +131,6 @@ int dcomm__store_allgather_stop(struct dcomm_store *s, const char *prefix, int r
     *alllen = 0;
     return dcomm__err(DCOMM_EPROTO, "store all-gather: the value of %s is malformed", key);
   }
+  dcomm__store_delete(s, own, NULL); /* member 0 has read it: tidiness only */
   return 0;
 }

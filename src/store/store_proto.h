@@ -22,6 +22,9 @@
  *             (value empty unless EQUAL); 0..DCOMM_STORE_TXN_MAX compares,
  *             1..DCOMM_STORE_TXN_MAX puts; the puts happen only if every
  *             compare holds, all under one lock
+ *   MGET (8)  u64 timeout_ms, u32 nkeys, nkeys x str key
+ *             1..DCOMM_STORE_MAX_WAIT_KEYS keys; waits until every key
+ *             exists or the timeout passes, then answers all at once
  *
  * Response: i32 status, then
  *   status < 0 (a DCOMM_E* code): u8 closing, u16 msg_len, msg. closing 1
@@ -29,12 +32,16 @@
  *     was malformed, so the stream cannot be trusted any more).
  *   status 0: SET, WAIT: nothing; GET: str value; ADD: i64 result;
  *     CAS: u8 present, str current (present 0: the key is absent, current
- *     empty); DEL: u8 existed; TXN: u8 done.
+ *     empty); DEL: u8 existed; TXN: u8 done; MGET: u32 nkeys, then per
+ *     key in request order u8 present, str value (present 0: the key was
+ *     still absent at the timeout, value empty). An MGET whose values
+ *     total more than DCOMM_STORE_MAX_VALUE is refused with DCOMM_EINVAL
+ *     (the connection stays usable).
  *
  * Bounds, checked by the server before it allocates anything: a key is
  * 1..DCOMM_STORE_PROTO_MAX_KEY bytes without NUL (the prefix plus a key of at
  * most DCOMM_STORE_MAX_KEY), a value at most DCOMM_STORE_MAX_VALUE bytes (a
- * larger one is DCOMM_EINVAL), WAIT at most DCOMM_STORE_MAX_WAIT_KEYS keys,
+ * larger one is DCOMM_EINVAL), WAIT and MGET at most DCOMM_STORE_MAX_WAIT_KEYS keys,
  * an error message at most DCOMM_STORE_MAX_ERRMSG bytes. A bad cmd, an
  * oversized length or a truncated frame is DCOMM_EPROTO and ends the
  * connection.
@@ -56,6 +63,7 @@ enum dcomm_store_cmd {
   DCOMM_STORE_CMD_WAIT = 5,
   DCOMM_STORE_CMD_DEL = 6,
   DCOMM_STORE_CMD_TXN = 7,
+  DCOMM_STORE_CMD_MGET = 8,
 };
 
 /* A key on the wire carries the handle's prefix (at most 255 bytes). */
