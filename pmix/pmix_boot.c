@@ -42,7 +42,7 @@ int dcomm__pmix_detect(void) {
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <pmix.h>
+#include "pmix_api.h"
 
 #define STORE_KEY "dcomm.store"
 
@@ -245,6 +245,7 @@ int dcomm__pmix_boot(struct dcomm_pmix_boot *b, double timeout, dcomm_pmix_host_
   memset(b, 0, sizeof(*b));
   if (booted) return dcomm__err(DCOMM_EINVAL, "pmix://: PMIx is already in use by dcomm (finalize first)");
   if (!pmix_up) {
+    DCOMM_CHECK(dcomm__pmix_load());
     pmix_status_t prc = PMIx_Init(&me, NULL, 0);
     if (prc == PMIX_ERR_UNREACH) {
       PMIx_Finalize(NULL, 0); /* the singleton PMIx_Init set up */

@@ -3,8 +3,9 @@
  * env:// with torchrun's variables, tcp:// and file:// URLs, clear
  * DCOMM_EINVAL errors naming the missing or contradictory variable, the
  * handshake refusing another job or a wrong token with DCOMM_EAUTH,
- * init / finalize life cycle rules, and the nccl backend and
- * dcomm_set_stream answering clearly where they cannot work.
+ * init / finalize life cycle rules, the nccl backend and
+ * dcomm_set_stream answering clearly where they cannot work, and the
+ * optional libraries (libcurl, libpmix) opened only by what uses them.
  */
 #include "config.h"
 
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include "dcomm.h"
+#include "dynlib.h"
 #include "harness.h"
 #include "init_method.h"
 #include "log.h"
@@ -211,6 +213,53 @@ START_TEST(test_singleton_tcp) {
   snprintf(url, sizeof(url), "tcp://127.0.0.1:%d?rank=0&world_size=1", mp_free_port());
   ck_assert_int_eq(dcomm_init(NULL, url), 0);
   ck_assert_int_eq(dcomm_finalize(), 0);
+}
+END_TEST
+
+/* Whether a library whose file name contains name is mapped here. */
+static int mapped(const char *name) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  char line[512];
+  int found = 0;
+  ck_assert_ptr_nonnull(f);
+  while (!found && fgets(line, sizeof(line), f)) found = strstr(line, name) != NULL;
+  fclose(f);
+  return found;
+}
+
+/* libcurl and libpmix are opened by the features that use them, never by
+ * a rank that uses neither; a library that cannot be opened, or lacks a
+ * function, is a clear DCOMM_ENOTSUP. */
+START_TEST(test_optional_libraries) {
+  clear_env();
+  char url[128];
+  snprintf(url, sizeof(url), "tcp://127.0.0.1:%d?rank=0&world_size=1", mp_free_port());
+  ck_assert_int_eq(dcomm_init(NULL, url), 0);
+  int32_t x = 1;
+  ck_assert_int_eq(dcomm_all_reduce(&x, 1, DCOMM_INT32, DCOMM_SUM, NULL), 0);
+  ck_assert_int_eq(dcomm_finalize(), 0);
+  ck_assert_msg(!mapped("libcurl"), "libcurl was loaded by a rank that does not use etcd");
+  ck_assert_msg(!mapped("libpmix"), "libpmix was loaded by a rank that does not use PMIx");
+
+  double (*cosine)(double) = NULL, (*nothing)(double) = NULL;
+  const char *names[] = {"cos"}, *bad_names[] = {"cos", "dcomm_no_such_function"};
+  void **slots[] = {(void **)&cosine}, **bad_slots[] = {(void **)&cosine, (void **)&nothing};
+  struct dcomm_dynlib libm = {.soname = "libm.so.6", .feature = "a test", .install_hint = "none", .names = names,
+                              .slots = slots, .n = 1};
+  ck_assert_int_eq(dcomm__dynlib_load(&libm), 0);
+  ck_assert_int_eq(dcomm__dynlib_load(&libm), 0); /* once loaded, loaded */
+  ck_assert(cosine(0.0) == 1.0);
+  struct dcomm_dynlib absent = {.soname = "libdcomm-no-such-library.so.7", .feature = "the frobnicator",
+                                .install_hint = "install frob", .names = names, .slots = slots, .n = 1};
+  ck_assert_int_eq(dcomm__dynlib_load(&absent), DCOMM_ENOTSUP);
+  ck_assert_ptr_nonnull(strstr(dcomm_last_error(), "the frobnicator needs libdcomm-no-such-library.so.7"));
+  ck_assert_ptr_nonnull(strstr(dcomm_last_error(), "install frob"));
+  ck_assert_int_eq(dcomm__dynlib_load(&absent), DCOMM_ENOTSUP); /* the same answer again */
+  struct dcomm_dynlib lacking = {.soname = "libm.so.6", .feature = "a test", .install_hint = "none",
+                                 .names = bad_names, .slots = bad_slots, .n = 2};
+  ck_assert_int_eq(dcomm__dynlib_load(&lacking), DCOMM_ENOTSUP);
+  ck_assert_ptr_nonnull(strstr(dcomm_last_error(), "dcomm_no_such_function"));
+  ck_assert_ptr_null(nothing);
 }
 END_TEST
 
@@ -419,6 +468,7 @@ int main(void) {
   tcase_add_test(tc, test_unknown_backend);
   tcase_add_test(tc, test_nccl_without_gpu);
   tcase_add_test(tc, test_singleton_tcp);
+  tcase_add_test(tc, test_optional_libraries);
   tcase_add_test(tc, test_singleton_noenv);
   tcase_add_test(tc, test_method_table);
   tcase_add_test(tc, test_returned_errors_quiet);

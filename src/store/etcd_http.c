@@ -21,7 +21,6 @@
 
 #ifdef DCOMM_HAVE_ETCD
 
-#include <curl/curl.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -416,6 +415,7 @@ int dcomm__etcd_create(const char *endpoints, const struct dcomm_etcd_opts *opts
   struct dcomm_etcd_opts none = {0};
   if (!opts) opts = &none;
   if (isnan(opts->timeout)) return dcomm__err(DCOMM_EINVAL, "etcd: timeout is NaN");
+  DCOMM_CHECK(etcd__curl_load());
   pthread_once(&g_once, global_init);
   if (g_init_rc != CURLE_OK)
     return dcomm__err(DCOMM_EBACKEND, "etcd: curl_global_init failed: %s", curl_easy_strerror(g_init_rc));

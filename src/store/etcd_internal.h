@@ -17,7 +17,7 @@
 
 #ifdef DCOMM_HAVE_ETCD
 
-#include <curl/curl.h>
+#include "curl_api.h"
 #include <jansson.h>
 #include <pthread.h>
 

@@ -18,7 +18,6 @@
 
 #ifdef DCOMM_HAVE_ETCD
 
-#include <curl/curl.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <math.h>

@@ -57,9 +57,12 @@ static int gather_all(struct dcomm_store *s, const char *prefix, int n, double d
                                     lens);
   }
   if (rc == DCOMM_ETIMEDOUT) {
-    int r = 0;
-    while (r < n && vals[r]) r++;
-    rc = dcomm__err_ctx(rc, "member %d of %d never published %s", r, n, r < n ? keys[r] : prefix);
+    int first = -1, missing = 0;
+    for (int r = 0; r < n; r++)
+      if (!vals[r] && missing++ == 0) first = r;
+    char more[48] = "";
+    if (missing > 1) snprintf(more, sizeof(more), " (and %d more members)", missing - 1);
+    rc = dcomm__err(rc, "member %d of %d%s never published %s", first, n, more, first >= 0 ? keys[first] : prefix);
   }
   size_t total = sizeof(uint64_t) * ((size_t)n + 1);
   for (int r = 0; rc == 0 && r < n; r++) total += lens[r];
