@@ -36,7 +36,8 @@ struct dcomm_store;
 #define DCOMM_KEY_REVOKE_FMT "elastic/revoke/%ld"
 #define DCOMM_KEY_HB_FMT "elastic/hb/%s"
 #define DCOMM_KEY_JOIN_N_FMT "elastic/join/%ld/n"
-#define DCOMM_KEY_TICKET_FMT "elastic/join/%ld/m/%lld"
+#define DCOMM_KEY_TICKETS_FMT "elastic/join/%ld/m/" /* then the ticket number */
+#define DCOMM_KEY_TICKET_FMT DCOMM_KEY_TICKETS_FMT "%lld"
 #define DCOMM_KEY_PLAN_FMT "elastic/plan/%ld"
 #define DCOMM_KEY_AGENTS_N "rdzv/agents/n"
 #define DCOMM_KEY_AGENT_PREFIX "rdzv/agent/"

@@ -53,29 +53,23 @@ int dcomm__round_holder_alive(const struct launchers *l, int slot, long pid) {
 struct joiner *dcomm__round_read_tickets(struct dcomm_store *s, long gen, int64_t n, double wait) {
   size_t m = n > 0 ? (size_t)n : 0;
   struct joiner *js = calloc(m ? m : 1, sizeof(*js));
-  char **keys = calloc(m ? m : 1, sizeof(*keys));
-  char *names = malloc(m ? m * 64 : 1);
   void **vals = calloc(m ? m : 1, sizeof(*vals));
   size_t *lens = calloc(m ? m : 1, sizeof(*lens));
-  if (!js || !keys || !names || !vals || !lens) {
+  if (!js || !vals || !lens) {
     free(js);
     js = NULL;
     m = 0;
   }
-  for (size_t i = 0; i < m; i++) {
-    keys[i] = names + i * 64;
-    snprintf(keys[i], 64, DCOMM_KEY_TICKET_FMT, gen, (long long)(i + 1));
-  }
+  char prefix[64];
+  snprintf(prefix, sizeof(prefix), DCOMM_KEY_TICKETS_FMT, gen);
   /* Absent at the deadline (a member took a ticket, then died) or any
    * failure: those entries stay unread. */
-  if (m) (void)dcomm__store_get_many(s, (const char *const *)keys, (int)m, wait, vals, lens);
+  if (m) (void)dcomm__store_get_numbered(s, prefix, 1, (int)m, wait, NULL, NULL, vals, lens);
   for (size_t i = 0; i < m; i++) {
     if (vals[i] && dcomm__ticket_parse(vals[i], lens[i], &js[i].t) == 0) js[i].ticket = (long)(i + 1);
     else memset(&js[i], 0, sizeof(js[i]));
     free(vals[i]);
   }
-  free(keys);
-  free(names);
   free(vals);
   free(lens);
   return js;

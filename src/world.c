@@ -50,16 +50,10 @@ static int load_members(struct dcomm_world *w) {
   int n = w->size;
   free(w->members);
   w->members = calloc((size_t)n, sizeof(*w->members));
-  char **keys = calloc((size_t)n, sizeof(*keys));
-  char *names = malloc((size_t)n * 24);
   void **vals = calloc((size_t)n, sizeof(*vals));
   size_t *lens = calloc((size_t)n, sizeof(*lens));
-  int rc = w->members && keys && names && vals && lens ? 0 : dcomm__err(DCOMM_ENOMEM, "out of memory");
-  for (int r = 0; rc == 0 && r < n; r++) {
-    keys[r] = names + (size_t)r * 24;
-    snprintf(keys[r], 24, "member/%d", r);
-  }
-  if (rc == 0) rc = dcomm__store_get_many(w->store, (const char *const *)keys, n, -1, vals, lens);
+  int rc = w->members && vals && lens ? 0 : dcomm__err(DCOMM_ENOMEM, "out of memory");
+  if (rc == 0) rc = dcomm__store_get_numbered(w->store, "member/", 0, n, -1, NULL, NULL, vals, lens);
   for (int r = 0; rc == 0 && r < n; r++) {
     if (lens[r] == 0 || lens[r] > sizeof(w->members[r]) || ((char *)vals[r])[lens[r] - 1])
       rc = dcomm__err(DCOMM_EPROTO, "malformed member id of rank %d in the store", r);
@@ -67,8 +61,6 @@ static int load_members(struct dcomm_world *w) {
       memcpy(w->members[r], vals[r], lens[r]);
   }
   for (int r = 0; vals && r < n; r++) free(vals[r]);
-  free(keys);
-  free(names);
   free(vals);
   free(lens);
   return rc;

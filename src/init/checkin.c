@@ -28,7 +28,8 @@ static const char *size_var(const struct dcomm_init_spec *spec) {
 }
 
 /* The check-in's keys (job-wide, generation 0). */
-#define CHECKIN_SIZE "g0/init/size/%d"     /* the world size each rank was told */
+#define CHECKIN_SIZE_PREFIX "g0/init/size/"
+#define CHECKIN_SIZE CHECKIN_SIZE_PREFIX "%d" /* the world size each rank was told */
 #define CHECKIN_EXTRA "g0/init/extra"      /* a rank beyond rank 0's world: the disagreement */
 #define CHECKIN_VERDICT "g0/init/verdict"  /* rank 0's: "0 ok" or "<code> <message>" */
 #define CHECKIN_ACK "g0/init/verdict_read" /* the ranks that read a failing verdict */
@@ -81,18 +82,13 @@ static int read_size(struct dcomm_world *w, int r, double until, long *size) {
  * sizes[r] -1, *first the lowest), or another error. */
 static int read_sizes(struct dcomm_world *w, double until, long *sizes, int *missing, int *first) {
   int n = w->size - 1;
-  char **keys = calloc((size_t)n, sizeof(*keys));
-  char *names = malloc((size_t)n * 32);
   void **vals = calloc((size_t)n, sizeof(*vals));
   size_t *lens = calloc((size_t)n, sizeof(*lens));
-  int rc = keys && names && vals && lens ? 0 : dcomm__err(DCOMM_ENOMEM, "check-in: out of memory");
-  for (int i = 0; rc == 0 && i < n; i++) {
-    keys[i] = names + (size_t)i * 32;
-    snprintf(keys[i], 32, CHECKIN_SIZE, i + 1);
-  }
+  int rc = vals && lens ? 0 : dcomm__err(DCOMM_ENOMEM, "check-in: out of memory");
   double left = until - dcomm__now();
   if (rc == 0)
-    rc = dcomm__store_get_many(w->jstore, (const char *const *)keys, n, left > 0.001 ? left : 0.001, vals, lens);
+    rc = dcomm__store_get_numbered(w->jstore, CHECKIN_SIZE_PREFIX, 1, n, left > 0.001 ? left : 0.001, NULL, NULL,
+                                   vals, lens);
   *missing = 0;
   *first = -1;
   for (int i = 0; (rc == 0 || rc == DCOMM_ETIMEDOUT) && i < n; i++) {
@@ -100,8 +96,6 @@ static int read_sizes(struct dcomm_world *w, double until, long *sizes, int *mis
     if (!vals[i] && (*missing)++ == 0) *first = i + 1;
     free(vals[i]);
   }
-  free(keys);
-  free(names);
   free(vals);
   free(lens);
   return rc;

@@ -208,6 +208,22 @@ int dcomm__store_get_many(struct dcomm_store *s, const char *const *keys, int n,
   return rc;
 }
 
+int dcomm__store_get_numbered(struct dcomm_store *s, const char *prefix, int64_t first, int n, double timeout,
+                              dcomm_store_stop_fn stop, void *arg, void **vals, size_t *lens) {
+  if (!prefix || n < 0) return dcomm__err(DCOMM_EINVAL, "store get_many: no prefix, or %d keys", n);
+  size_t each = strnlen(prefix, DCOMM_STORE_MAX_KEY) + 24;
+  char **keys = malloc((size_t)n * (sizeof(char *) + each) + 1);
+  if (!keys) return dcomm__err(DCOMM_ENOMEM, "store get_many: out of memory");
+  char *names = (char *)(keys + n);
+  for (int i = 0; i < n; i++) {
+    keys[i] = names + (size_t)i * each;
+    snprintf(keys[i], each, "%s%lld", prefix, (long long)(first + i));
+  }
+  int rc = dcomm__store_get_many_stop(s, (const char *const *)keys, n, timeout, stop, arg, vals, lens);
+  free(keys);
+  return rc;
+}
+
 int dcomm__store_get_many_stop(struct dcomm_store *s, const char *const *keys, int n, double timeout,
                                dcomm_store_stop_fn stop, void *arg, void **vals, size_t *lens) {
   if (!stop || n <= 0) return dcomm__store_get_many(s, keys, n, timeout, vals, lens);

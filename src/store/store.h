@@ -118,6 +118,11 @@ int dcomm__store_get_stop(struct dcomm_store *s, const char *key, double timeout
                           void **val, size_t *len);
 int dcomm__store_get_many_stop(struct dcomm_store *s, const char *const *keys, int n, double timeout,
                                dcomm_store_stop_fn stop, void *arg, void **vals, size_t *lens);
+/* get_many of the keys prefix<first>, prefix<first + 1>, ... (n keys,
+ * decimal numbers): one value per rank, ticket or member. stop may be
+ * NULL. */
+int dcomm__store_get_numbered(struct dcomm_store *s, const char *prefix, int64_t first, int n, double timeout,
+                              dcomm_store_stop_fn stop, void *arg, void **vals, size_t *lens);
 int dcomm__store_allgather_stop(struct dcomm_store *s, const char *prefix, int rank, int n, const void *mine,
                                 size_t len, double timeout, dcomm_store_stop_fn stop, void *arg, void **all,
                                 size_t *alllen);

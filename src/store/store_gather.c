@@ -44,17 +44,12 @@ static int gather_all(struct dcomm_store *s, const char *prefix, int n, double d
                       void *arg, void **all, size_t *alllen) {
   void **vals = calloc((size_t)n, sizeof(*vals));
   size_t *lens = calloc((size_t)n, sizeof(*lens));
-  char **keys = calloc((size_t)n, sizeof(*keys));
-  char *names = malloc((size_t)n * 24 + strlen(prefix) * (size_t)n);
-  int rc = vals && lens && keys && names ? 0 : dcomm__err(DCOMM_ENOMEM, "store all-gather: out of memory");
-  for (int r = 0, at = 0; rc == 0 && r < n; r++) {
-    keys[r] = names + at;
-    at += sprintf(keys[r], "%s/%d", prefix, r) + 1;
-  }
+  char each[DCOMM_STORE_MAX_KEY + 2];
+  snprintf(each, sizeof(each), "%s/", prefix);
+  int rc = vals && lens ? 0 : dcomm__err(DCOMM_ENOMEM, "store all-gather: out of memory");
   if (rc == 0) {
     double left = deadline - dcomm__now();
-    rc = dcomm__store_get_many_stop(s, (const char *const *)keys, n, left > 0.001 ? left : 0.001, stop, arg, vals,
-                                    lens);
+    rc = dcomm__store_get_numbered(s, each, 0, n, left > 0.001 ? left : 0.001, stop, arg, vals, lens);
   }
   if (rc == DCOMM_ETIMEDOUT) {
     int first = -1, missing = 0;
@@ -62,7 +57,7 @@ static int gather_all(struct dcomm_store *s, const char *prefix, int n, double d
       if (!vals[r] && missing++ == 0) first = r;
     char more[48] = "";
     if (missing > 1) snprintf(more, sizeof(more), " (and %d more members)", missing - 1);
-    rc = dcomm__err(rc, "member %d of %d%s never published %s", first, n, more, first >= 0 ? keys[first] : prefix);
+    rc = dcomm__err(rc, "member %d of %d%s never published %s%d", first, n, more, each, first);
   }
   size_t total = sizeof(uint64_t) * ((size_t)n + 1);
   for (int r = 0; rc == 0 && r < n; r++) total += lens[r];
@@ -83,8 +78,6 @@ static int gather_all(struct dcomm_store *s, const char *prefix, int n, double d
   for (int r = 0; vals && r < n; r++) free(vals[r]);
   free(vals);
   free(lens);
-  free(keys);
-  free(names);
   return rc;
 }
 
