@@ -272,7 +272,9 @@ static void on_worker_exit(struct agent *a, struct run_worker *w, int status) {
       if (end == gen) g = 0;
     }
     snprintf(notice, sizeof(notice), "worker %d (pid %d) %s", w->rank, (int)w->pid, desc);
-    if (agent_store_usable(a) && dcomm__post_revoke(a->st, g, notice) < 0) agent_store_warn(a, "revoke");
+    int rrc = agent_store_usable(a) ? dcomm__post_revoke(a->st, g, notice) : 0;
+    if (rrc < 0 && agent_store_mend(a, rrc)) rrc = dcomm__post_revoke(a->st, g, notice);
+    if (rrc < 0) agent_store_warn(a, "revoke");
     run_log("worker %d (pid %d) died (%s); generation %ld revoked", w->rank, (int)w->pid, desc, g);
     apply_policy(a, w);
   }

@@ -67,6 +67,9 @@ static inline double agent_clock(void) {
 
 /* The first failure of a store call, once, as a warning. */
 void agent_store_warn(struct agent *a, const char *what);
+/* After a call on a->st failed with rc: a broken tcp link connects again
+ * (1: try the call once more), else 0. */
+int agent_store_mend(struct agent *a, int rc);
 /* 0 once this node is out of the etcd job (its store calls are pointless). */
 int agent_store_usable(struct agent *a);
 /* Publishes this node's record and its worker list (rdzv/agent/<slot>,

@@ -2,9 +2,11 @@
  * run_agent_store.c: the job's store as a dcomm-run agent uses it: with the
  * static backend it hosts the embedded store server and takes a node slot;
  * with either backend it publishes this node's record (live workers and
- * their pids) and worker list, and reads keys without waiting. A failed
- * call is warned about once; once this node is out of an etcd job the
- * store is left alone.
+ * their pids) and worker list, and reads keys without waiting. A link
+ * to the store it hosts that broke (a request outlived its bound while
+ * this process was starved or stopped) connects again and the call is
+ * tried once more; a failed call is warned about once; once this node is
+ * out of an etcd job the store is left alone.
  */
 #include "config.h"
 #include "run_agent.h"
@@ -27,12 +29,22 @@ void agent_store_warn(struct agent *a, const char *what) {
   run_log("warning: store %s failed: %s", what, dcomm_last_error());
 }
 
+int agent_store_mend(struct agent *a, int rc) {
+  if (rc != DCOMM_EPEERLOST && rc != DCOMM_ETIMEDOUT) return 0;
+  if (a->rdzv || !a->st || strcmp(dcomm__store_kind(a->st), "tcp") != 0) return 0;
+  if (dcomm__store_tcp_redial(a->st, STORE_TIMEOUT_S) < 0) return 0;
+  run_log("the link to the store broke (%s); connected again", dcomm_last_error());
+  return 1;
+}
+
 /* Once this node is out of the etcd job, its store calls are pointless. */
 int agent_store_usable(struct agent *a) { return a->st && !(a->rdzv && run_rdzv_lost(a->rdzv, NULL, 0)); }
 
 static void store_set_text(struct agent *a, const char *key, const char *val) {
   if (!agent_store_usable(a)) return;
-  if (dcomm__store_set(a->st, key, val, strlen(val) + 1) < 0) agent_store_warn(a, "set");
+  int rc = dcomm__store_set(a->st, key, val, strlen(val) + 1);
+  if (rc < 0 && agent_store_mend(a, rc)) rc = dcomm__store_set(a->st, key, val, strlen(val) + 1);
+  if (rc < 0) agent_store_warn(a, "set");
 }
 
 /* " pids=P1,P2,..." of the workers not reaped yet: a round's leader
@@ -86,6 +98,7 @@ void agent_set_alive(struct agent *a) {
 int agent_store_peek(struct agent *a, const char *key, char *buf, size_t n) {
   if (!agent_store_usable(a)) return -1;
   int rc = a->rdzv ? run_rdzv_peek(a->rdzv, key, buf, n) : dcomm__store_peek(a->st, key, buf, n);
+  if (rc < 0 && agent_store_mend(a, rc)) rc = dcomm__store_peek(a->st, key, buf, n);
   if (rc < 0) agent_store_warn(a, "get");
   return rc < 0 ? -1 : rc;
 }

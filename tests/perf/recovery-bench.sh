@@ -13,7 +13,8 @@
 #   REPS=5 tests/perf/recovery-bench.sh     (from an in-tree build, or from a build tree
 #   as ../tests/perf/recovery-bench.sh)
 # Knobs: REPS (5), BYTES (4194304: 4 MiB of float32), KILL_AT (10), ITERS (30),
-# NPROC (4; e.g. NPROC=256 DCOMM_TRANSPORT=tcp for recovery at scale).
+# NPROC (4; e.g. NPROC=256 DCOMM_TRANSPORT=tcp for recovery at scale),
+# CASES (kill2 kill0 stop1: which of the three to run).
 set -u
 src=$(cd "$(dirname "$0")/../.." && pwd)
 [ -x ./dcomm-run ] || cd "$src" || exit 1 # a build tree (the current directory) or an in-tree build
@@ -107,9 +108,12 @@ run_case() {
   echo "survivors' first errors: $(sort "$work/errs" | uniq -c | awk '{printf "%s%s x%d", (NR > 1 ? ", " : ""), $2, $1}')"
 }
 
-run_case "SIGKILL of rank 2" kill 2
-run_case "SIGKILL of rank 0" kill 0
-run_case "SIGSTOP of rank 1 (hung; killed by the heartbeat check)" stop 1 DCOMM_HEARTBEAT_INTERVAL=0.2 DCOMM_HEARTBEAT_TIMEOUT=1
+CASES=${CASES:-kill2 kill0 stop1}
+case " $CASES " in *" kill2 "*) run_case "SIGKILL of rank 2" kill 2 ;; esac
+case " $CASES " in *" kill0 "*) run_case "SIGKILL of rank 0" kill 0 ;; esac
+case " $CASES " in *" stop1 "*)
+  run_case "SIGSTOP of rank 1 (hung; killed by the heartbeat check)" stop 1 DCOMM_HEARTBEAT_INTERVAL=0.2 DCOMM_HEARTBEAT_TIMEOUT=1 ;;
+esac
 
 echo
 echo "'recover + first all_reduce' is max over survivors of (t_first_ok - t_detect): dcomm_elastic_recover() plus one"
