@@ -369,7 +369,13 @@ int dcomm__pmix_register_events(void (*on_lost)(int rank, void *arg), void *arg)
   return 0;
 }
 
+int dcomm__pmix_available(void) { return dcomm__pmix_load(); }
+
 #else /* !DCOMM_HAVE_PMIX */
+
+int dcomm__pmix_available(void) {
+  return dcomm__err(DCOMM_ENOTSUP, "pmix: dcomm was built without PMIx");
+}
 
 int dcomm__pmix_boot(struct dcomm_pmix_boot *b, double timeout, dcomm_pmix_host_store_fn host_store, void *arg) {
   memset(b, 0, sizeof(*b));

@@ -22,6 +22,10 @@ struct dcomm_pmix_boot {
  * a PMIX_SERVER_URI* variable), else 0. Works in every build. */
 int dcomm__pmix_detect(void);
 
+/* 0 when libpmix, which the boot opens at its first use, can be opened
+ * here; else DCOMM_ENOTSUP saying why. dcomm-info reports it. */
+int dcomm__pmix_available(void);
+
 /* Called on rank 0 only: starts the store and reports where it listens.
  * Leaving host "" lets dcomm__pmix_boot pick an address others can reach
  * (this host's name, from PMIX_HOSTNAME or gethostname, resolved to an

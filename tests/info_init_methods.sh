@@ -1,6 +1,7 @@
 #!/bin/sh
 # info_init_methods.sh: dcomm-info lists the init methods this build has
-# (pmix:// with PMIx, etcd:// with etcd support, the others always), the
+# (pmix:// with PMIx, etcd:// with etcd support, the others always) and
+# that the libraries those two open at their first use are found, the
 # sample in dcomm-info(1) shows a full build's list, dcomm_init(3)'s
 # detection rule names pmix:// and slurm://, and DCOMM_INIT_METHOD's help
 # (dcomm-info -e) names etcd://.
@@ -22,6 +23,15 @@ grep -q '^#define DCOMM_HAVE_ETCD 1' "$top_builddir/config.h" && want="$want etc
 
 got=$("$info" | sed -n 's/^init methods: //p')
 [ "$got" = "$want" ] || fail "dcomm-info prints 'init methods: $got', this build has '$want'"
+
+# The libraries those two open at their first use are found here (the
+# packages the tests install), and a process that lists them does not
+# fail for it.
+for m in pmix:// etcd://; do
+  case " $want " in *" $m "*) ;; *) continue ;; esac
+  "$info" | grep -q "^  $m opens lib[a-z]*\.so[.0-9]* when used: found$" ||
+    fail "dcomm-info does not report $m's library as found: $("$info" | grep "^  $m" || echo none)"
+done
 
 grep -q '^init methods: env:// tcp:// file:// pmix:// slurm:// etcd://$' "$top_srcdir/man/man1/dcomm-info.1" ||
   fail "dcomm-info(1)'s sample does not list a full build's init methods"

@@ -89,6 +89,13 @@ int main(int argc, char **argv) {
   for (int i = 0; dcomm__init_method_info(i); i++)
     if (dcomm__init_method_info(i)->built) printf(" %s", dcomm__init_method_info(i)->scheme);
   printf("\n");
+  /* The libraries some of them open at their first use, not at start. */
+  for (int i = 0; dcomm__init_method_info(i); i++) {
+    const struct dcomm_init_method_info *m = dcomm__init_method_info(i);
+    if (!m->built || !m->library) continue;
+    if (dcomm__init_method_usable(i) == 0) printf("  %s opens %s when used: found\n", m->scheme, m->library);
+    else printf("  %s opens %s when used: %s\n", m->scheme, m->library, dcomm_last_error());
+  }
   if (dcomm__tuning_path())
     printf("tuning file: %s (%d setting%s)\n", dcomm__tuning_path(), dcomm__tuning_count(),
            dcomm__tuning_count() == 1 ? "" : "s");

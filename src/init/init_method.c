@@ -12,6 +12,7 @@
 
 #include "error.h"
 #include "param.h"
+#include "etcd_client.h"
 #include "pmix_boot.h"
 #include "slurm_env.h"
 
@@ -273,13 +274,17 @@ static int parse_slurm_url(struct dcomm_init_spec *s, const char *url) {
 
 #ifdef DCOMM_HAVE_PMIX
 #define HAVE_PMIX_BUILT 1
+#define PMIX_LIBRARY DCOMM_LIBPMIX_SONAME
 #else
 #define HAVE_PMIX_BUILT 0
+#define PMIX_LIBRARY NULL
 #endif
 #ifdef DCOMM_HAVE_ETCD
 #define HAVE_ETCD_BUILT 1
+#define ETCD_LIBRARY DCOMM_LIBCURL_SONAME
 #else
 #define HAVE_ETCD_BUILT 0
+#define ETCD_LIBRARY NULL
 #endif
 
 /* The one table of init methods: dcomm_init dispatches through it and
@@ -290,14 +295,25 @@ static const struct init_method {
   int exact;
   int (*parse)(struct dcomm_init_spec *, const char *);
 } methods[] = {
-    {{"env://", DCOMM_IM_ENV, 1, "MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (torchrun, dcomm-run)"}, 0, parse_env_url},
-    {{"tcp://", DCOMM_IM_TCP, 1, "tcp://host:port?rank=R&world_size=N"}, 0, parse_tcp},
-    {{"file://", DCOMM_IM_FILE, 1, "file:///shared/path?rank=R&world_size=N"}, 0, parse_file},
-    {{"pmix://", DCOMM_IM_PMIX, HAVE_PMIX_BUILT, "a PMIx server (mpirun, prterun, srun --mpi=pmix)"}, 1, parse_pmix},
-    {{"slurm://", DCOMM_IM_SLURM, 1, "srun's SLURM_* variables"}, 1, parse_slurm_url},
-    {{"etcd://", DCOMM_IM_ETCD, HAVE_ETCD_BUILT, "etcd://host:port[,host:port...] (dcomm-run --rdzv-backend etcd)"}, 0,
-     parse_etcd},
+    {{"env://", DCOMM_IM_ENV, 1, "MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (torchrun, dcomm-run)", NULL}, 0,
+     parse_env_url},
+    {{"tcp://", DCOMM_IM_TCP, 1, "tcp://host:port?rank=R&world_size=N", NULL}, 0, parse_tcp},
+    {{"file://", DCOMM_IM_FILE, 1, "file:///shared/path?rank=R&world_size=N", NULL}, 0, parse_file},
+    {{"pmix://", DCOMM_IM_PMIX, HAVE_PMIX_BUILT, "a PMIx server (mpirun, prterun, srun --mpi=pmix)", PMIX_LIBRARY}, 1,
+     parse_pmix},
+    {{"slurm://", DCOMM_IM_SLURM, 1, "srun's SLURM_* variables", NULL}, 1, parse_slurm_url},
+    {{"etcd://", DCOMM_IM_ETCD, HAVE_ETCD_BUILT, "etcd://host:port[,host:port...] (dcomm-run --rdzv-backend etcd)",
+      ETCD_LIBRARY},
+     0, parse_etcd},
 };
+
+int dcomm__init_method_usable(int i) {
+  const struct dcomm_init_method_info *m = dcomm__init_method_info(i);
+  if (!m || !m->built) return dcomm__err(DCOMM_ENOTSUP, "init method %d is not built", i);
+  if (m->kind == DCOMM_IM_PMIX) return dcomm__pmix_available();
+  if (m->kind == DCOMM_IM_ETCD) return dcomm__etcd_available();
+  return 0;
+}
 
 const struct dcomm_init_method_info *dcomm__init_method_info(int i) {
   if (i < 0 || (size_t)i >= sizeof(methods) / sizeof(methods[0])) return NULL;

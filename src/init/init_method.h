@@ -32,8 +32,12 @@ struct dcomm_init_method_info {
   enum dcomm_init_kind kind;
   int built;
   const char *what; /* where the facts come from, for dcomm-info */
+  const char *library; /* the library it opens at its first use, or NULL */
 };
 const struct dcomm_init_method_info *dcomm__init_method_info(int i);
+/* 0 when method i can run here (its library, if any, opens); else
+ * DCOMM_ENOTSUP saying why. */
+int dcomm__init_method_usable(int i);
 
 /* url NULL or "": DCOMM_INIT_METHOD, else detected: env:// when MASTER_ADDR,
  * RANK and WORLD_SIZE are all set (a torchrun-style launcher, also inside

@@ -54,6 +54,9 @@ struct dcomm_etcd_kv {
 void dcomm__etcd_kv_clear(struct dcomm_etcd_kv *kv);
 void dcomm__etcd_kvs_free(struct dcomm_etcd_kv *kvs, size_t n);
 
+/* 0 when libcurl, which the client opens at its first use, can be
+ * opened here; else DCOMM_ENOTSUP saying why. dcomm-info reports it. */
+int dcomm__etcd_available(void);
 /* opts may be NULL (defaults). With a user, authenticates before returning. */
 int dcomm__etcd_create(const char *endpoints, const struct dcomm_etcd_opts *opts, struct dcomm_etcd **out);
 void dcomm__etcd_destroy(struct dcomm_etcd *c);

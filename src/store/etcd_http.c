@@ -483,7 +483,11 @@ int dcomm__etcd_current_endpoint(struct dcomm_etcd *c, char *buf, size_t len) {
   return idx;
 }
 
+int dcomm__etcd_available(void) { return etcd__curl_load(); }
+
 #else /* !DCOMM_HAVE_ETCD */
+
+int dcomm__etcd_available(void) { return NOTSUP(); }
 
 int dcomm__etcd_create(const char *endpoints, const struct dcomm_etcd_opts *opts, struct dcomm_etcd **out) {
   (void)endpoints, (void)opts;
