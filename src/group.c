@@ -393,19 +393,18 @@ int dcomm__group_renumber(struct dcomm_group *g, const int *map, int old_size, i
 /* Groups are rebuilt in creation order so that every member creates them
  * in the same order. */
 int dcomm__groups_rebuild(char (*old_members)[40], int old_size) {
-  struct dcomm_group **order;
-  int n, rc = 0;
+  struct dcomm_group **order = NULL;
+  int n = 0, rc = 0;
   int *map = NULL;
   if (old_size >= 0 && !(map = dcomm__members_map(old_members, old_size))) return DCOMM_ENOMEM;
   rc = dcomm__groups_ordered(&order, &n);
-  if (rc < 0) n = 0;
   for (int i = 0; i < n && rc == 0; i++) {
     struct dcomm_group *g = order[i];
     if (map) dcomm__group_renumber(g, map, old_size, NULL);
     if (g->is_member) rc = dcomm__group_connect(g);
     DCOMM_LOG(INFO, GROUP, "rebuilt %s: %d members, my rank %d", g->label, g->size, g->rank);
   }
-  if (n) free(order);
+  free(order);
   free(map);
   return rc;
 }
