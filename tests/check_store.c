@@ -153,6 +153,20 @@ static const struct store_factory tcp_factory = {
 
 /* ---- TCP tests ---- */
 
+/* Sends a raw frame and checks the server answers DCOMM_EPROTO and closes
+ * the connection (half_close: the frame ends early, so the server may
+ * instead see the end of input, status 1). */
+static void expect_frame_refused(const unsigned char *f, size_t n, int half_close) {
+  int fd = raw_store();
+  raw_send(fd, f, n);
+  if (half_close) shutdown(fd, SHUT_WR);
+  int st = raw_status(fd, 5);
+  ck_assert_msg(st == DCOMM_EPROTO || (half_close && st == 1), "malformed frame (command %u) answered %d", f[0], st);
+  ck_assert_msg(raw_eof(fd, 5), "the server kept the connection of a malformed frame (command %u)", f[0]);
+  close(fd);
+}
+
+
 START_TEST(tcp_max_value_wire) {
   conf_set_max_value("1024");
   struct dcomm_store *b = client();
@@ -209,30 +223,15 @@ START_TEST(tcp_mget_wire) {
   close(fd);
   uint32_t counts[] = {0, DCOMM_STORE_MAX_WAIT_KEYS + 1};
   for (int i = 0; i < 2; i++) {
-    fd = raw_store();
     p = f;
     p = dcomm__store_put_u8(p, DCOMM_STORE_CMD_MGET);
     p = dcomm__store_put_u64(p, 50);
     p = dcomm__store_put_u32(p, counts[i]);
-    raw_send(fd, f, (size_t)(p - f));
-    ck_assert_int_eq(raw_status(fd, 5), DCOMM_EPROTO);
-    ck_assert(raw_eof(fd, 5));
-    close(fd);
+    expect_frame_refused(f, (size_t)(p - f), 0);
   }
   dcomm__store_close(a);
 }
 END_TEST
-
-/* Sends a raw frame and checks the server answers DCOMM_EPROTO and closes. */
-static void expect_txn_frame_refused(const unsigned char *f, size_t n, int half_close) {
-  int fd = raw_store();
-  raw_send(fd, f, n);
-  if (half_close) shutdown(fd, SHUT_WR);
-  int st = raw_status(fd, 5);
-  ck_assert_msg(st == DCOMM_EPROTO || (half_close && st == 1), "malformed txn frame answered %d", st);
-  ck_assert_msg(raw_eof(fd, 5), "the server kept the connection of a malformed txn frame");
-  close(fd);
-}
 
 START_TEST(tcp_txn_wire) {
   struct dcomm_store *a = client();
@@ -265,31 +264,31 @@ START_TEST(tcp_txn_wire) {
   p = m;
   p = dcomm__store_put_u8(p, DCOMM_STORE_CMD_TXN);
   p = dcomm__store_put_u8(p, 200);
-  expect_txn_frame_refused(m, (size_t)(p - m), 0);
+  expect_frame_refused(m, (size_t)(p - m), 0);
   m[1] = DCOMM_STORE_TXN_MAX + 1;
-  expect_txn_frame_refused(m, (size_t)(p - m), 0);
+  expect_frame_refused(m, (size_t)(p - m), 0);
   p = m + 1;
   p = dcomm__store_put_u8(p, 1);
   p = dcomm__store_put_u8(p, 9);
-  expect_txn_frame_refused(m, (size_t)(p - m), 0);
+  expect_frame_refused(m, (size_t)(p - m), 0);
   p = m + 1;
   p = dcomm__store_put_u8(p, 2);
   p = dcomm__store_put_u8(p, DCOMM_STORE_ABSENT);
   p += put_str(p, "raw-b", 5);
   p += put_str(p, "", 0);
   p = dcomm__store_put_u8(p, 3);
-  expect_txn_frame_refused(m, (size_t)(p - m), 0);
+  expect_frame_refused(m, (size_t)(p - m), 0);
   p = m + 1;
   p = dcomm__store_put_u8(p, 0);
   p = dcomm__store_put_u8(p, 0);
-  expect_txn_frame_refused(m, (size_t)(p - m), 0);
+  expect_frame_refused(m, (size_t)(p - m), 0);
   m[2] = DCOMM_STORE_TXN_MAX + 1;
-  expect_txn_frame_refused(m, (size_t)(p - m), 0);
+  expect_frame_refused(m, (size_t)(p - m), 0);
   p = m + 1;
   p = dcomm__store_put_u8(p, 1);
   p = dcomm__store_put_u8(p, DCOMM_STORE_EXISTS);
   p = dcomm__store_put_u32(p, 0);
-  expect_txn_frame_refused(m, (size_t)(p - m), 0);
+  expect_frame_refused(m, (size_t)(p - m), 0);
   /* A truncated txn whose compares hold: its first put does not happen. */
   p = m + 1;
   p = dcomm__store_put_u8(p, 1);
@@ -303,7 +302,7 @@ START_TEST(tcp_txn_wire) {
   p = dcomm__store_put_u32(p, 10); /* 10 value bytes promised, 3 sent */
   memcpy(p, "abc", 3);
   p += 3;
-  expect_txn_frame_refused(m, (size_t)(p - m), 1);
+  expect_frame_refused(m, (size_t)(p - m), 1);
   expect_absent(a, "raw-t");
   expect_absent(a, "raw-t2");
   expect_absent(a, "raw-b");

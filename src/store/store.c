@@ -194,8 +194,8 @@ int dcomm__store_get_many(struct dcomm_store *s, const char *const *keys, int n,
     double left = deadline - dcomm__now();
     rc = s->ops->get_many ? s->ops->get_many(s, (const char *const *)full + at, k, left > 0.001 ? left : 0.001,
                                              vals + at, lens + at)
-                          : DCOMM_EINVAL;
-    if (rc == DCOMM_EINVAL) rc = get_each(s, (const char *const *)full + at, k, deadline, vals + at, lens + at);
+                          : DCOMM_ENOTSUP;
+    if (rc == DCOMM_ENOTSUP) rc = get_each(s, (const char *const *)full + at, k, deadline, vals + at, lens + at);
   }
   int missing = 0, first = -1;
   for (int i = 0; rc == 0 && i < n; i++)
@@ -374,7 +374,7 @@ static int view_wait(struct dcomm_store *s, const char *const *keys, int n, doub
 }
 static int view_get_many(struct dcomm_store *s, const char *const *keys, int n, double timeout, void **vals,
                          size_t *lens) {
-  if (!OF(s)->ops->get_many) return DCOMM_EINVAL; /* the caller reads them one by one */
+  if (!OF(s)->ops->get_many) return DCOMM_ENOTSUP; /* the caller reads them one by one */
   return OF(s)->ops->get_many(OF(s), keys, n, timeout, vals, lens);
 }
 static int view_del(struct dcomm_store *s, const char *key, int *existed) {

@@ -61,7 +61,7 @@ struct dcomm_store_ops {
   /* Optional: waits until every key exists or the timeout (at most
    * DCOMM_STORE_MAX_WAIT_KEYS keys), then fills vals[i] (malloc'd) and
    * lens[i]; vals[i] stays NULL for a key still absent. 0 even then;
-   * DCOMM_EINVAL: the caller reads them one by one instead (the values
+   * DCOMM_ENOTSUP: the caller reads them one by one instead (the values
    * exceed what one answer may hold). NULL: always one by one. */
   int (*get_many)(struct dcomm_store *s, const char *const *keys, int n, double timeout, void **vals, size_t *lens);
   /* Deletes key; *existed tells whether it was there (may be NULL). */

@@ -301,21 +301,23 @@ out:
   return request_end(t, &f, rc);
 }
 
+/* The key list of WAIT and MGET: deadline in ms, count, keys; n is
+ * checked against min..DCOMM_STORE_MAX_WAIT_KEYS first. */
+static int frame_key_list(struct frame *f, const char *op, int min, const char *const *keys, int n, double timeout) {
+  if (n < min || n > DCOMM_STORE_MAX_WAIT_KEYS)
+    return dcomm__err(DCOMM_EINVAL, "store %s: %d keys (%d to %d)", op, n, min, DCOMM_STORE_MAX_WAIT_KEYS);
+  frame_u64(f, dcomm__store_timeout_ms(timeout));
+  frame_u32(f, (uint32_t)n);
+  for (int i = 0; i < n; i++) DCOMM_CHECK(frame_key(f, keys[i]));
+  return 0;
+}
+
 static int tcp_wait(struct dcomm_store *s, const char *const *keys, int n, double timeout) {
   struct tcp_store *t = (struct tcp_store *)s;
   struct frame f;
   int rc;
-  if ((rc = request_begin(t, &f, DCOMM_STORE_CMD_WAIT)) < 0) goto out;
-  if (n < 0 || n > DCOMM_STORE_MAX_WAIT_KEYS) {
-    rc = dcomm__err(DCOMM_EINVAL, "store wait: %d keys (at most %d)", n, DCOMM_STORE_MAX_WAIT_KEYS);
-    goto out;
-  }
-  frame_u64(&f, dcomm__store_timeout_ms(timeout));
-  frame_u32(&f, (uint32_t)n);
-  for (int i = 0; i < n; i++)
-    if ((rc = frame_key(&f, keys[i])) < 0) goto out;
-  rc = request_send(t, &f, NULL, 0, "wait", io_deadline(timeout));
-out:
+  if ((rc = request_begin(t, &f, DCOMM_STORE_CMD_WAIT)) == 0 && (rc = frame_key_list(&f, "wait", 0, keys, n, timeout)) == 0)
+    rc = request_send(t, &f, NULL, 0, "wait", io_deadline(timeout));
   return request_end(t, &f, rc);
 }
 
@@ -351,17 +353,10 @@ static int tcp_get_many(struct dcomm_store *s, const char *const *keys, int n, d
   struct frame f;
   int rc;
   double dl = io_deadline(timeout);
-  if ((rc = request_begin(t, &f, DCOMM_STORE_CMD_MGET)) < 0) goto out;
-  if (n < 1 || n > DCOMM_STORE_MAX_WAIT_KEYS) {
-    rc = dcomm__err(DCOMM_EINVAL, "store get_many: %d keys (1 to %d)", n, DCOMM_STORE_MAX_WAIT_KEYS);
+  if ((rc = request_begin(t, &f, DCOMM_STORE_CMD_MGET)) < 0 || (rc = frame_key_list(&f, "get_many", 1, keys, n, timeout)) < 0)
     goto out;
-  }
-  frame_u64(&f, dcomm__store_timeout_ms(timeout));
-  frame_u32(&f, (uint32_t)n);
-  for (int i = 0; i < n; i++)
-    if ((rc = frame_key(&f, keys[i])) < 0) goto out;
   if ((rc = request_send(t, &f, NULL, 0, "get_many", dl)) == 0) rc = recv_many(t, n, vals, lens, dl);
-  if (rc < 0 && rc != DCOMM_EINVAL)
+  if (rc < 0)
     for (int i = 0; i < n; i++) {
       free(vals[i]);
       vals[i] = NULL;

@@ -324,34 +324,66 @@ static int do_cas(struct dcomm_store_server *srv, struct rd *r) {
   return answer_ok(r->c, f, 5, cur, clen);
 }
 
-static int do_wait(struct dcomm_store_server *srv, struct rd *r) {
-  uint64_t ms;
-  uint32_t n;
-  RD(rd_u64(r, &ms));
-  RD(rd_u32(r, &n));
-  if (n > DCOMM_STORE_MAX_WAIT_KEYS)
-    return dcomm__sv_answer_err(r->c, DCOMM_EPROTO, 1, "wait: %" PRIu32 " keys (at most %d)", n, DCOMM_STORE_MAX_WAIT_KEYS);
-  /* The whole frame first: its first missing key is then looked up. */
-  size_t start = r->off;
-  for (uint32_t i = 0; i < n; i++) {
+/* The key list shared by WAIT and MGET: deadline, count (min..max) and
+ * keys, read in full before anything is looked up; *start is where the
+ * keys begin, so that each wake-up walks them again. */
+static int rd_key_list(struct rd *r, const char *op, uint32_t min, uint64_t *ms, uint32_t *n, size_t *start) {
+  RD(rd_u64(r, ms));
+  RD(rd_u32(r, n));
+  if (*n < min || *n > DCOMM_STORE_MAX_WAIT_KEYS)
+    return dcomm__sv_answer_err(r->c, DCOMM_EPROTO, 1, "%s: %" PRIu32 " keys (%" PRIu32 " to %d)", op, *n, min,
+                                DCOMM_STORE_MAX_WAIT_KEYS);
+  *start = r->off;
+  for (uint32_t i = 0; i < *n; i++) {
     const char *k;
     size_t kl;
     RD(rd_key(r, &k, &kl));
   }
-  start_block_clock(r->c, ms);
-  /* Every key again on each wake-up: another client may delete one. */
+  start_block_clock(r->c, *ms);
+  return SV_OK;
+}
+
+/* Walks the n keys from start (another client may have deleted one since
+ * the last wake-up) and blocks the connection on the first absent one,
+ * unless no_block.  SV_OK when none blocked; *absent names the first key
+ * still absent (NULL if none), *bytes sums the present values' lengths. */
+static int walk_key_list(struct dcomm_store_server *srv, struct rd *r, size_t start, uint32_t n, int no_block,
+                         const char **absent, size_t *absent_len, size_t *bytes) {
   struct rd again = {r->c, r->p, r->len, start};
+  *absent = NULL;
+  *absent_len = 0;
+  *bytes = 0;
   for (uint32_t i = 0; i < n; i++) {
     const char *k;
     size_t kl;
     RD(rd_key(&again, &k, &kl));
-    if (dcomm__kvmap_find(&srv->map, k, kl)) continue;
-    if (dcomm__now() >= r->c->block_dl)
-      return dcomm__sv_answer_err(r->c, DCOMM_ETIMEDOUT, 0, "wait: key " KEYFMT " not set within %.3f s", KEYARG(k, kl),
-                        (double)ms / 1000.0);
-    wait_on(srv, r->c, k, kl);
-    return SV_BLOCK;
+    struct dcomm_kv *e = dcomm__kvmap_find(&srv->map, k, kl);
+    if (e) {
+      *bytes += e->vlen;
+      continue;
+    }
+    if (!no_block) {
+      wait_on(srv, r->c, k, kl);
+      return SV_BLOCK;
+    }
+    if (!*absent) {
+      *absent = k;
+      *absent_len = kl;
+    }
   }
+  return SV_OK;
+}
+
+static int do_wait(struct dcomm_store_server *srv, struct rd *r) {
+  uint64_t ms;
+  uint32_t n;
+  size_t start, klen, bytes;
+  const char *k;
+  RD(rd_key_list(r, "wait", 0, &ms, &n, &start));
+  RD(walk_key_list(srv, r, start, n, dcomm__now() >= r->c->block_dl, &k, &klen, &bytes));
+  if (k)
+    return dcomm__sv_answer_err(r->c, DCOMM_ETIMEDOUT, 0, "wait: key " KEYFMT " not set within %.3f s", KEYARG(k, klen),
+                                (double)ms / 1000.0);
   return answer_ok(r->c, NULL, 0, NULL, 0);
 }
 
@@ -361,47 +393,22 @@ static int do_wait(struct dcomm_store_server *srv, struct rd *r) {
 static int do_mget(struct dcomm_store_server *srv, struct rd *r) {
   uint64_t ms;
   uint32_t n;
-  RD(rd_u64(r, &ms));
-  RD(rd_u32(r, &n));
-  if (n == 0 || n > DCOMM_STORE_MAX_WAIT_KEYS)
-    return dcomm__sv_answer_err(r->c, DCOMM_EPROTO, 1, "get_many: %" PRIu32 " keys (1 to %d)", n,
-                                DCOMM_STORE_MAX_WAIT_KEYS);
-  size_t start = r->off;
-  for (uint32_t i = 0; i < n; i++) {
-    const char *k;
-    size_t kl;
-    RD(rd_key(r, &k, &kl));
-  }
-  start_block_clock(r->c, ms);
-  int timed_out = dcomm__now() >= r->c->block_dl;
-  /* Every key again on each wake-up (another client may delete one); the
-   * first absent one is waited on until the deadline. */
-  size_t total = 4;
-  struct rd again = {r->c, r->p, r->len, start};
-  for (uint32_t i = 0; i < n; i++) {
-    const char *k;
-    size_t kl;
-    RD(rd_key(&again, &k, &kl));
-    struct dcomm_kv *e = dcomm__kvmap_find(&srv->map, k, kl);
-    total += 5 + (e ? e->vlen : 0);
-    if (e || timed_out) continue;
-    wait_on(srv, r->c, k, kl);
-    return SV_BLOCK;
-  }
+  size_t start, klen, bytes;
+  const char *k;
+  RD(rd_key_list(r, "get_many", 1, &ms, &n, &start));
+  RD(walk_key_list(srv, r, start, n, dcomm__now() >= r->c->block_dl, &k, &klen, &bytes));
   size_t max = dcomm__param_size(DCOMM_P_STORE_MAX_VALUE);
-  if (total > max + 4 + 5 * (size_t)n)
-    return dcomm__sv_answer_err(r->c, DCOMM_EINVAL, 0,
-                                "get_many: the %" PRIu32 " values total %zu bytes, more than DCOMM_STORE_MAX_VALUE (%zu)",
-                                n, total - 4 - 5 * (size_t)n, max);
+  if (bytes > max)
+    return dcomm__sv_answer_err(r->c, DCOMM_ENOTSUP, 0,
+                                "get_many: the %" PRIu32 " values total %zu bytes, more than one answer holds (DCOMM_STORE_MAX_VALUE %zu); read them one by one",
+                                n, bytes, max);
   unsigned char f[5];
   dcomm__store_put_u32(f, n);
   int rc = answer_ok(r->c, f, 4, NULL, 0);
-  again = (struct rd){r->c, r->p, r->len, start};
+  struct rd again = {r->c, r->p, r->len, start};
   for (uint32_t i = 0; rc == SV_DONE && i < n; i++) {
-    const char *k;
-    size_t kl;
-    RD(rd_key(&again, &k, &kl));
-    struct dcomm_kv *e = dcomm__kvmap_find(&srv->map, k, kl);
+    RD(rd_key(&again, &k, &klen));
+    struct dcomm_kv *e = dcomm__kvmap_find(&srv->map, k, klen);
     dcomm__store_put_u32(dcomm__store_put_u8(f, e != NULL), e ? (uint32_t)e->vlen : 0);
     rc = dcomm__sv_out_put(r->c, f, 5, e ? e->val : NULL, e ? e->vlen : 0);
   }

@@ -25,4 +25,22 @@ struct dcomm_dynlib {
  * library, the feature and why (set as the thread's last error). */
 int dcomm__dynlib_load(struct dcomm_dynlib *lib);
 
+/* Defines, for the X-macro list FUNCS(X) of a library's functions, one
+ * pointer dcomm__pfn_<f> per function typed from the library's own header
+ * (the header's macro renaming f to that pointer leaves the type as is)
+ * and `static struct dcomm_dynlib var` that loads them all. */
+#define DCOMM_DYNLIB_PFN_(f) __typeof__(f) *dcomm__pfn_##f;
+#define DCOMM_DYNLIB_NAME_(f) #f,
+#define DCOMM_DYNLIB_SLOT_(f) (void **)&dcomm__pfn_##f,
+#define DCOMM_DYNLIB_DEFINE(FUNCS, var, soname_, feature_, hint_)                  \
+  FUNCS(DCOMM_DYNLIB_PFN_)                                                          \
+  static const char *const var##_names[] = {FUNCS(DCOMM_DYNLIB_NAME_)};             \
+  static void **const var##_slots[] = {FUNCS(DCOMM_DYNLIB_SLOT_)};                  \
+  static struct dcomm_dynlib var = {.soname = (soname_),                            \
+                                    .feature = (feature_),                          \
+                                    .install_hint = (hint_),                        \
+                                    .names = var##_names,                           \
+                                    .slots = var##_slots,                           \
+                                    .n = (int)(sizeof(var##_names) / sizeof(var##_names[0]))};
+
 #endif
