@@ -168,6 +168,8 @@ struct tcp_tuning {
   size_t cma_min;   /* shm payloads from this size are read by the peer
                      * with process_vm_readv (0: never) */
   size_t cma_fwd_min; /* the same for data written earlier in the call */
+  int cma_fwd_auto;   /* DCOMM_SHM_CMA_FWD_MIN=auto: from 1 MiB where
+                       * tcp_cma_fwd_pays */
 };
 
 struct tcp_req;
@@ -378,6 +380,9 @@ size_t tcp_shm_ring_size(size_t want); /* power of two, 64 KiB .. 256 MiB */
  * below it). Smaller rings were tried: with 16 and 32 KiB, check_coll's
  * 3-rank reduce_scatter hung and an all_to_allv mismatch went unnoticed. */
 #define TCP_SHM_RING_MIN ((size_t)65536)
+/* DCOMM_SHM_CMA_FWD_MIN=auto: below this forwarded data goes through the
+ * rings on every machine measured (a single copy's fixed cost). */
+#define TCP_CMA_FWD_FLOOR ((size_t)1048576)
 /* The connector creates (side 0) and offers pid/memfd/nonce; the acceptor
  * attaches (side 1). -1 with a reason in why on failure. */
 int tcp_shm_create(size_t ring, struct tcp_shm **out, int *memfd, uint64_t *nonce, char *why, size_t wl);
@@ -386,6 +391,9 @@ void tcp_shm_set_fd(struct tcp_shm *s, int fd);
 /* The peer's pid if it and this process may read each other's memory
  * with process_vm_readv, else 0. */
 int tcp_shm_cma_pid(const struct tcp_shm *s);
+/* tcp_cma.c: whether the single copy of forwarded data pays here (its
+ * rate measured once per process, logged at INFO the first time). */
+int tcp_cma_fwd_pays(const struct tcp_ctx *ctx);
 void tcp_shm_free(struct tcp_shm *s);
 /* Producer: a header and as much of its payload as fits, published at
  * once: the payload bytes written, or -1 if not even the header fits. Then
