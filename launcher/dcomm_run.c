@@ -43,8 +43,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <openssl/rand.h>
 
+#include "auth.h"
 #include "error.h"
 #include "keys.h"
 #include "log.h"
@@ -505,8 +505,8 @@ int main(int argc, char **argv) {
   a.port = a.o.port;
 
   unsigned char r[16]; /* the etcd backend replaces it by the job's */
-  if (RAND_bytes(r, sizeof(r)) != 1) {
-    run_log("RAND_bytes failed; cannot make the job's token");
+  if (dcomm__random_bytes(r, sizeof(r)) < 0) {
+    run_log("getrandom failed (%s); cannot make the job's token", strerror(errno));
     return 1;
   }
   for (int i = 0; i < 16; i++) snprintf(a.token + 2 * i, 3, "%02x", r[i]);

@@ -13,8 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <openssl/rand.h>
-
+#include "auth.h"
 
 static const char usage_text[] =
     "usage: dcomm-run --nproc-per-node N [options] [--] PROGRAM [ARGS...]\n"
@@ -226,8 +225,8 @@ int run_parse_args(int argc, char **argv, struct run_opts *o, int *exit_code) {
   o->argv = argv + i;
   if (!o->explicit_id) {
     unsigned char r[4];
-    if (RAND_bytes(r, sizeof(r)) != 1) {
-      fprintf(stderr, "dcomm-run: RAND_bytes failed; cannot make a job id\n");
+    if (dcomm__random_bytes(r, sizeof(r)) < 0) {
+      fprintf(stderr, "dcomm-run: getrandom failed (%s); cannot make a job id\n", strerror(errno));
       *exit_code = 1;
       return 1;
     }

@@ -48,8 +48,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <openssl/rand.h>
 
+#include "auth.h"
 #include "error.h"
 #include "etcd_client.h"
 #include "keys.h"
@@ -420,7 +420,7 @@ static int do_open(struct run_rdzv *r, struct dcomm_store **st, char token[33], 
    * guards it), and its node range. */
   unsigned char rb[16];
   char mine[33], cfg[64], want[64];
-  if (RAND_bytes(rb, sizeof(rb)) != 1) return dcomm__err(DCOMM_ESYSTEM, "RAND_bytes failed");
+  if (dcomm__random_bytes(rb, sizeof(rb)) < 0) return dcomm__err(DCOMM_ESYSTEM, "getrandom failed: %s", strerror(errno));
   for (int i = 0; i < 16; i++) snprintf(mine + 2 * i, 3, "%02x", rb[i]);
   DCOMM_CHECK(agree(r, "the job token", DCOMM_KEY_TOKEN, mine, token, 33));
   snprintf(want, sizeof(want), "%d %d", o->min_nodes, o->max_nodes);

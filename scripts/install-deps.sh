@@ -2,7 +2,7 @@
 # scripts/install-deps.sh: installs what building and testing dcomm needs
 # on a fresh Debian 12 machine (run as root). Safe to run again.
 set -euo pipefail
-pkgs=(build-essential autoconf automake libtool pkg-config check uuid-dev libssl-dev zlib1g-dev
+pkgs=(build-essential autoconf automake libtool pkg-config check uuid-dev nettle-dev zlib1g-dev
       libcurl4-openssl-dev libjansson-dev libpmix-dev libpmix-bin openmpi-bin libopenmpi-dev
       iproute2 groff-base man-db procps bc etcd-server etcd-client curl python3-yaml openssl slurm-wlm munge
       python3-torch python3-numpy python3-pytest clang-14 libclang-rt-14-dev)

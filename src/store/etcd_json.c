@@ -34,7 +34,7 @@ void dcomm__etcd_kvs_free(struct dcomm_etcd_kv *kvs, size_t n) {
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <openssl/evp.h>
+#include <nettle/base64.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,8 +48,8 @@ static int b64_encode(const void *data, size_t n, char **out) {
   if (n > (size_t)(INT32_MAX / 4) * 3 - 3) return dcomm__err(DCOMM_EINVAL, "etcd: value of %zu bytes too large", n);
   char *s = malloc(4 * ((n + 2) / 3) + 1);
   if (!s) return dcomm__err(DCOMM_ENOMEM, "etcd: out of memory encoding %zu bytes", n);
-  int m = n ? EVP_EncodeBlock((unsigned char *)s, data, (int)n) : 0;
-  s[m] = 0;
+  base64_encode_raw(s, n, data);
+  s[BASE64_ENCODE_RAW_LENGTH(n)] = 0;
   *out = s;
   return 0;
 }
@@ -68,17 +68,18 @@ static int b64_decode(const char *s, size_t n, void **out, size_t *olen) {
   if (n >= 2 && s[n - 2] == '=') pad++;
   for (size_t i = 0; i < n - pad; i++)
     if (!b64_char((unsigned char)s[i])) return -1;
-  unsigned char *p = malloc(n / 4 * 3 + 1);
+  unsigned char *p = malloc(BASE64_DECODE_LENGTH(n) + 1);
   if (!p) return -2;
-  int m = n ? EVP_DecodeBlock(p, (const unsigned char *)s, (int)n) : 0;
-  if (m < 0 || (size_t)m < pad) {
+  struct base64_decode_ctx ctx;
+  size_t m = 0;
+  base64_decode_init(&ctx);
+  if (!base64_decode_update(&ctx, &m, p, n, s) || !base64_decode_final(&ctx) || m != n / 4 * 3 - pad) {
     free(p);
     return -1;
   }
-  m -= (int)pad;
   p[m] = 0;
   *out = p;
-  *olen = (size_t)m;
+  *olen = m;
   return 0;
 }
 

@@ -1,16 +1,17 @@
 /*
- * auth.c: challenge/response handshake with HMAC-SHA256 (OpenSSL).
+ * auth.c: challenge/response handshake with HMAC-SHA256 (Nettle); the
+ * challenge's nonce comes from the kernel (getrandom).
  */
 #include "config.h"
 #include "auth.h"
 
 #include <arpa/inet.h>
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <openssl/rand.h>
+#include <errno.h>
+#include <nettle/hmac.h>
+#include <nettle/memops.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "error.h"
 #include "sock.h"
@@ -57,13 +58,22 @@ static void compute_mac(const char *token, const unsigned char *nonce, uint32_t 
   n += job_len;
   if (hello_len) memcpy(msg + n, hello, hello_len);
   n += hello_len;
-  unsigned int outlen = MAC_LEN;
-  HMAC(EVP_sha256(), token, (int)strlen(token), msg, n, out, &outlen);
+  struct hmac_sha256_ctx ctx;
+  hmac_sha256_set_key(&ctx, strlen(token), (const uint8_t *)token);
+  hmac_sha256_update(&ctx, n, msg);
+  hmac_sha256_digest(&ctx, MAC_LEN, out);
+}
+
+int dcomm__random_bytes(void *p, size_t n) {
+  ssize_t got;
+  do got = getrandom(p, n, 0);
+  while (got < 0 && errno == EINTR);
+  return got == (ssize_t)n ? 0 : -1;
 }
 
 size_t dcomm__hs_challenge(unsigned char nonce[DCOMM_HS_NONCE_LEN], unsigned char *out) {
   struct hs_challenge ch = {.magic = htonl(HS_MAGIC), .version = htonl(HS_VERSION)};
-  if (RAND_bytes(ch.nonce, NONCE_LEN) != 1) return 0;
+  if (dcomm__random_bytes(ch.nonce, NONCE_LEN) < 0) return 0;
   memcpy(nonce, ch.nonce, NONCE_LEN);
   memcpy(out, &ch, sizeof(ch));
   return sizeof(ch);
@@ -107,7 +117,7 @@ int dcomm__hs_answer(const unsigned char *buf, size_t len, const unsigned char n
     return dcomm__err(DCOMM_EAUTH, "handshake: peer belongs to job '%s', this is job '%s'", job, job_id);
   }
   compute_mac(token, nonce, peer->purpose, job, job_len, peer->hello, hello_len, want);
-  if (CRYPTO_memcmp(mac, want, MAC_LEN) != 0) {
+  if (!memeql_sec(mac, want, MAC_LEN)) {
     *refusal = "bad auth token";
     return dcomm__err(DCOMM_EAUTH, "handshake: peer did not prove DCOMM_AUTH_TOKEN");
   }
@@ -117,7 +127,7 @@ int dcomm__hs_answer(const unsigned char *buf, size_t len, const unsigned char n
 int dcomm__hs_server(int fd, const char *job_id, const char *token, double deadline, struct dcomm_hs_peer *peer) {
   unsigned char nonce[NONCE_LEN], buf[DCOMM_HS_MAX_MSG], out[DCOMM_HS_MAX_MSG];
   size_t n = dcomm__hs_challenge(nonce, buf);
-  if (!n) return dcomm__err(DCOMM_ESYSTEM, "RAND_bytes failed");
+  if (!n) return dcomm__err(DCOMM_ESYSTEM, "getrandom failed: %s", strerror(errno));
   DCOMM_CHECK(dcomm__sock_send_all(fd, buf, n, deadline, -1));
   /* Exactly the answer's bytes: what follows on the socket is the caller's. */
   size_t have = 0, need = 0;

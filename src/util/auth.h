@@ -36,6 +36,9 @@ struct dcomm_hs_peer {
  * incomplete, 1 accepted (the answer is *need bytes), < 0 malformed
  * (DCOMM_EPROTO) or refused (DCOMM_EAUTH; *refusal is then the verdict's
  * text). The verdict's bytes go out last. */
+/* n bytes (at most 256) from the kernel's random source (getrandom:
+ * never short once it is seeded): 0, or -1 with errno set. */
+int dcomm__random_bytes(void *p, size_t n);
 size_t dcomm__hs_challenge(unsigned char nonce[DCOMM_HS_NONCE_LEN], unsigned char *out);
 int dcomm__hs_answer(const unsigned char *buf, size_t len, const unsigned char nonce[DCOMM_HS_NONCE_LEN],
                      const char *job_id, const char *token, struct dcomm_hs_peer *peer, size_t *need,
