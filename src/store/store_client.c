@@ -37,6 +37,11 @@ struct tcp_store {
   pthread_mutex_t mu;
   int fd;
   int broken;
+  /* Answer bytes received but not yet taken: one recv serves many small
+   * fields (a get_many answer is three per key). Only whole answers are
+   * ever sent, so it is empty between requests; a redial empties it. */
+  unsigned char in[8192];
+  size_t in_pos, in_len;
   char where[300]; /* "host:port", for messages */
   /* For dcomm__store_tcp_redial. */
   char host[256], job_id[256], token[256];
@@ -132,8 +137,24 @@ static int send_request(struct tcp_store *t, const struct frame *f, const void *
 }
 
 static int recv_fixed(struct tcp_store *t, void *buf, size_t n, double dl) {
-  int rc = dcomm__sock_recv_all(t->fd, buf, n, dl, -1);
-  return rc < 0 ? io_failed(t, rc) : 0;
+  unsigned char *p = buf;
+  while (n > 0) {
+    if (t->in_pos == t->in_len) {
+      int rc;
+      if (n >= sizeof(t->in)) { /* a large value: straight to its buffer */
+        rc = dcomm__sock_recv_all(t->fd, p, n, dl, -1);
+        return rc < 0 ? io_failed(t, rc) : 0;
+      }
+      t->in_pos = t->in_len = 0;
+      if ((rc = dcomm__sock_recv_some(t->fd, t->in, sizeof(t->in), dl, -1, &t->in_len)) < 0) return io_failed(t, rc);
+    }
+    size_t k = t->in_len - t->in_pos < n ? t->in_len - t->in_pos : n;
+    memcpy(p, t->in + t->in_pos, k);
+    t->in_pos += k;
+    p += k;
+    n -= k;
+  }
+  return 0;
 }
 
 static int is_known_error(int status) {
@@ -462,7 +483,7 @@ int dcomm__store_tcp_redial(struct dcomm_store *s, double timeout) {
       /* The new connection takes the old one's descriptor number, which
        * tcp_interrupt may read without the lock. */
       if (dup2(nfd, t->fd) < 0) rc = dcomm__err(DCOMM_ESYSTEM, "store redial: dup2: %s", strerror(errno));
-      else t->broken = 0;
+      else t->broken = 0, t->in_pos = t->in_len = 0;
       close(nfd);
     }
     if (rc == 0) DCOMM_LOG(INFO, STORE, "connected to the store at %s again", t->where);

@@ -167,11 +167,13 @@ int dcomm__sock_send_all(int fd, const void *buf, size_t len, double deadline, i
   return 0;
 }
 
-int dcomm__sock_recv_all(int fd, void *buf, size_t len, double deadline, int abort_fd) {
-  char *p = buf;
-  while (len > 0) {
-    ssize_t n = recv(fd, p, len, 0);
-    if (n > 0) { p += n; len -= (size_t)n; continue; }
+int dcomm__sock_recv_some(int fd, void *buf, size_t cap, double deadline, int abort_fd, size_t *got) {
+  for (;;) {
+    ssize_t n = recv(fd, buf, cap, 0);
+    if (n > 0) {
+      *got = (size_t)n;
+      return 0;
+    }
     if (n == 0) return dcomm__err(DCOMM_EPEERLOST, "connection closed by peer");
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
       DCOMM_CHECK(wait_fd(fd, POLLIN, deadline, abort_fd));
@@ -179,6 +181,16 @@ int dcomm__sock_recv_all(int fd, void *buf, size_t len, double deadline, int abo
     }
     if (errno == ECONNRESET) return dcomm__err(DCOMM_EPEERLOST, "connection reset by peer");
     return dcomm__err_sys(errno, "recv");
+  }
+}
+
+int dcomm__sock_recv_all(int fd, void *buf, size_t len, double deadline, int abort_fd) {
+  char *p = buf;
+  while (len > 0) {
+    size_t n;
+    DCOMM_CHECK(dcomm__sock_recv_some(fd, p, len, deadline, abort_fd, &n));
+    p += n;
+    len -= n;
   }
   return 0;
 }

@@ -21,6 +21,8 @@ int dcomm__sock_accept(int lfd, double deadline, int abort_fd, int *fd);
 int dcomm__sock_send_all(int fd, const void *buf, size_t len, double deadline, int abort_fd);
 /* Returns DCOMM_EPEERLOST on EOF or reset. */
 int dcomm__sock_recv_all(int fd, void *buf, size_t len, double deadline, int abort_fd);
+/* Between 1 and cap bytes, as many as one recv gives once some arrived. */
+int dcomm__sock_recv_some(int fd, void *buf, size_t cap, double deadline, int abort_fd, size_t *got);
 
 int dcomm__sock_nonblock(int fd);
 void dcomm__sock_tune(int fd, size_t bufsize); /* TCP_NODELAY and buffer sizes */
