@@ -9,9 +9,12 @@
  */
 #include "config.h"
 
+#include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "elastic.h"
@@ -49,8 +52,16 @@ static void post_lost_hint(struct dcomm_world *w, long gen) {
 
 /* Sleeps for s seconds, or less once the watcher is told to stop. */
 static void nap(struct dcomm_world *w, double s) {
-  for (double left = s; left > 0 && !__atomic_load_n(&w->watcher_stop, __ATOMIC_ACQUIRE); left -= 0.01)
-    usleep((useconds_t)((left < 0.01 ? left : 0.01) * 1e6));
+  struct timespec until;
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  double t = (double)until.tv_sec + (double)until.tv_nsec * 1e-9 + s;
+  until.tv_sec = (time_t)t;
+  until.tv_nsec = (long)((t - (double)until.tv_sec) * 1e9);
+  pthread_mutex_lock(&w->nap_mu);
+  while (!__atomic_load_n(&w->watcher_stop, __ATOMIC_ACQUIRE) &&
+         pthread_cond_clockwait(&w->nap_cv, &w->nap_mu, CLOCK_MONOTONIC, &until) != ETIMEDOUT) {
+  }
+  pthread_mutex_unlock(&w->nap_mu);
 }
 
 static void *watcher_main(void *arg) {
@@ -104,7 +115,10 @@ int dcomm__elastic_start(struct dcomm_world *w) {
 
 void dcomm__elastic_stop(struct dcomm_world *w) {
   if (!w->watcher_running) return;
+  pthread_mutex_lock(&w->nap_mu);
   __atomic_store_n(&w->watcher_stop, 1, __ATOMIC_RELEASE);
+  pthread_cond_broadcast(&w->nap_cv);
+  pthread_mutex_unlock(&w->nap_mu);
   /* Its blocking get (a heartbeat interval) ends now where the store can
    * end it, so that dcomm_finalize returns promptly. */
   dcomm__store_interrupt(w->estore);

@@ -16,7 +16,8 @@
 #include "param.h"
 #include "store.h"
 
-struct dcomm_world dcomm__w = {.lock = PTHREAD_MUTEX_INITIALIZER};
+struct dcomm_world dcomm__w = {
+    .lock = PTHREAD_MUTEX_INITIALIZER, .nap_mu = PTHREAD_MUTEX_INITIALIZER, .nap_cv = PTHREAD_COND_INITIALIZER};
 
 void dcomm__world_abort_locked(struct dcomm_world *w) {
   if (w->world.bcomm) w->be->comm_abort(w->world.bcomm, DCOMM_EREVOKED);
