@@ -77,6 +77,10 @@ int agent_store_usable(struct agent *a);
 void agent_set_alive(struct agent *a);
 /* Reads a short text value without waiting; 1 found, 0 absent, -1 error. */
 int agent_store_peek(struct agent *a, const char *key, char *buf, size_t n);
+/* The same for n keys at once (one request per 1024 keys on the store
+ * this agent hosts): bufs[i] (each of size sz) holds key i's value, ""
+ * when absent. 0, or -1 on a store error. */
+int agent_store_peek_many(struct agent *a, const char *const *keys, int n, char *bufs, size_t sz);
 /* The static backend: starts the embedded store server, connects to it and
  * takes a node slot; < 0 on error (dcomm_last_error). */
 int agent_store_start(struct agent *a);

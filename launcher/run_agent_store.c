@@ -103,6 +103,40 @@ int agent_store_peek(struct agent *a, const char *key, char *buf, size_t n) {
   return rc < 0 ? -1 : rc;
 }
 
+static int peek_many_once(struct agent *a, const char *const *keys, int n, char *bufs, size_t sz) {
+  if (a->rdzv) { /* etcd: this node's workers only, one read each */
+    for (int i = 0; i < n; i++) {
+      int rc = run_rdzv_peek(a->rdzv, keys[i], bufs + (size_t)i * sz, sz);
+      if (rc < 0) return rc;
+      if (rc == 0) bufs[(size_t)i * sz] = 0;
+    }
+    return 0;
+  }
+  void **vals = calloc((size_t)n + 1, sizeof(void *));
+  size_t *lens = calloc((size_t)n + 1, sizeof(size_t));
+  int rc = vals && lens ? dcomm__store_get_many(a->st, keys, n, 0, vals, lens)
+                        : dcomm__err(DCOMM_ENOMEM, "out of memory reading %d keys", n);
+  if (rc == DCOMM_ETIMEDOUT) rc = 0; /* some absent: their vals are NULL */
+  for (int i = 0; vals && lens && i < n; i++) {
+    size_t l = vals[i] ? (lens[i] < sz ? lens[i] : sz - 1) : 0;
+    if (rc == 0 && l) memcpy(bufs + (size_t)i * sz, vals[i], l);
+    if (rc == 0) bufs[(size_t)i * sz + l] = 0;
+    free(vals[i]);
+  }
+  free(vals);
+  free(lens);
+  return rc;
+}
+
+int agent_store_peek_many(struct agent *a, const char *const *keys, int n, char *bufs, size_t sz) {
+  if (!agent_store_usable(a)) return -1;
+  if (n <= 0) return 0;
+  int rc = peek_many_once(a, keys, n, bufs, sz);
+  if (rc < 0 && agent_store_mend(a, rc)) rc = peek_many_once(a, keys, n, bufs, sz);
+  if (rc < 0) agent_store_warn(a, "get");
+  return rc < 0 ? -1 : 0;
+}
+
 int agent_store_start(struct agent *a) {
   int rc = dcomm__store_server_start(a->o.host, a->port, a->o.job_id, a->token, &a->srv);
   if (rc < 0) return rc;
