@@ -6,6 +6,7 @@
 #ifndef DCOMM_RUN_H
 #define DCOMM_RUN_H
 
+#include <sched.h>
 #include <signal.h>
 #include <stddef.h>
 #include <sys/types.h>
@@ -93,6 +94,21 @@ int run_bind_cpu(enum run_bind mode, int nproc, int local_rank);
 /* Starts one worker (fork + exec of argv[0], searched in PATH) with its
  * output piped back; join 1 adds DCOMM_ELASTIC_JOIN=1. child_mask is the
  * signal mask the program gets. 0, or -1 when fork or pipe failed (logged). */
+/* run_exec.c: starts argv[0] (searched in PATH as execvp does) in a child
+ * that shares the agent's memory until exec: envp its environment, mask
+ * its signal mask, cpus its processors (NULL: unbound), out_fd / err_fd its
+ * stdout and stderr; the child dies with the agent (PR_SET_PDEATHSIG) and
+ * writes errmsg and the reason to err_fd when exec fails (exit 127).
+ * Returns the pid, or -1 with errno. */
+struct run_exec {
+  char **argv, **envp;
+  const sigset_t *mask;
+  const cpu_set_t *cpus;
+  int out_fd, err_fd;
+  const char *errmsg;
+  size_t errlen;
+};
+pid_t run_exec_start(const struct run_exec *x);
 int run_spawn(struct run_worker *w, int rank, int join, const struct run_env *e, char **argv,
               const sigset_t *child_mask);
 /* Reads what is available; prints complete lines; closes the stream at EOF. */

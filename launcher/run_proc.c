@@ -3,9 +3,8 @@
  *
  * run_spawn builds the worker's environment (the agent's own, minus the
  * variables it sets, plus torchrun's and dcomm's), creates its stdout and
- * stderr pipes and forks. Between fork and exec the child only makes
- * async-signal-safe calls: the arrays were all built before fork (the store
- * server's threads may hold malloc's locks at that moment).
+ * stderr pipes and starts the program (run_exec.c: without copying the
+ * agent's memory; everything the child needs is built before).
  *
  * The agent reads the pipes and prints each complete line as "[rank]: line"
  * with one write(), so that lines of different workers and of the agent
@@ -25,7 +24,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -306,27 +304,6 @@ static int build_env(struct envbuf *e, int rank, int join, const char *member, c
 
 /* ---- spawning ---- */
 
-/* Child side, after fork: async-signal-safe calls only. */
-static void child_exec(pid_t agent, int out_w, int err_w, char **argv, char **envp, const sigset_t *mask,
-                       const cpu_set_t *cpus, const char *errmsg, size_t errlen) {
-  signal(SIGPIPE, SIG_DFL); /* the agent ignores it; exec would keep that */
-  if (cpus && sched_setaffinity(0, sizeof(*cpus), cpus) != 0) { /* run unbound rather than not at all */ }
-  sigprocmask(SIG_SETMASK, mask, NULL);
-  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) _exit(127);
-  if (getppid() != agent) _exit(127); /* the agent died before prctl took effect */
-  if (dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0) _exit(127);
-  execvpe(argv[0], argv, envp);
-  const char *why = errno == ENOENT    ? "no such file or directory\n"
-                    : errno == EACCES  ? "permission denied\n"
-                    : errno == ENOEXEC ? "exec format error\n"
-                    : errno == ENOTDIR ? "not a directory\n"
-                                       : "exec failed\n";
-  ssize_t w = write(2, errmsg, errlen);
-  w = write(2, why, strlen(why));
-  (void)w;
-  _exit(127);
-}
-
 int run_spawn(struct run_worker *w, int rank, int join, const struct run_env *re, char **argv,
               const sigset_t *child_mask) {
   memset(w, 0, sizeof(*w));
@@ -363,9 +340,15 @@ int run_spawn(struct run_worker *w, int rank, int join, const struct run_env *re
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
   if (re->cpu >= 0) CPU_SET(re->cpu, &cpus);
-  pid_t agent = getpid();
-  pid_t pid = fork();
-  if (pid == 0) child_exec(agent, po[1], pe[1], argv, env.v, child_mask, re->cpu >= 0 ? &cpus : NULL, errmsg, errlen);
+  struct run_exec x = {.argv = argv,
+                       .envp = env.v,
+                       .mask = child_mask,
+                       .cpus = re->cpu >= 0 ? &cpus : NULL,
+                       .out_fd = po[1],
+                       .err_fd = pe[1],
+                       .errmsg = errmsg,
+                       .errlen = errlen};
+  pid_t pid = run_exec_start(&x);
   int e = errno;
   close(po[1]);
   close(pe[1]);
@@ -373,7 +356,7 @@ int run_spawn(struct run_worker *w, int rank, int join, const struct run_env *re
   if (pid < 0) {
     close(po[0]);
     close(pe[0]);
-    run_log("cannot start worker %d: fork: %s", rank, strerror(e));
+    run_log("cannot start worker %d: clone: %s", rank, strerror(e));
     return -1;
   }
   fcntl(po[0], F_SETFL, fcntl(po[0], F_GETFL) | O_NONBLOCK);
