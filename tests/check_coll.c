@@ -239,6 +239,30 @@ START_TEST(test_algo_rhd) {
 }
 END_TEST
 
+/* Each rank decides alone whether its large sends are single copies
+ * (DCOMM_SHM_CMA_FWD_MIN=auto measures per process), so in one exchange a
+ * rank may send through the ring while its peer's data comes by single
+ * copy: the ACK of that copy must not go into the ring inside the frame
+ * being sent (it became payload, and the peer waited for it forever).
+ * Odd ranks take the single copy from 1 MiB, even ranks never. */
+static int body_mixed_copy(int rank, int n, void *arg) {
+  (void)arg;
+  setenv("DCOMM_SHM_CMA_FWD_MIN", rank % 2 ? "1M" : "1G", 1);
+  setenv("DCOMM_ALGO", "rd", 1); /* whole-buffer exchanges with one partner */
+  MP_OK(dcomm_init("tcp", getenv("DCOMM_TEST_URL")));
+  const size_t counts[] = {300001};
+  if (reducing_matrix(rank, n, counts, 1)) return 1;
+  static float bits[600011];
+  if (equal_on_all(rank, n, bits, 600011, 3)) return 1;
+  return dcomm_finalize();
+}
+
+START_TEST(test_mixed_single_copy) {
+  struct mp_result res;
+  ck_assert_int_eq(mp_run_ex(2 + 2 * _i, body_mixed_copy, NULL, 120, 1, &res), 0);
+}
+END_TEST
+
 /* Several hosts, made on this one with DCOMM_HOST_ID: all_reduce goes
  * hierarchical (each host reduces into its lowest rank, the hosts' leaders
  * exchange, each leader broadcasts), forced or chosen by itself; reduce
@@ -830,6 +854,7 @@ int main(void) {
   tcase_add_loop_test(tc, test_large, 0, 4);
   tcase_add_loop_test(tc, test_algo_forced, 0, 4);
   tcase_add_loop_test(tc, test_algo_rhd, 0, 3);
+  tcase_add_loop_test(tc, test_mixed_single_copy, 0, 2);
   tcase_add_loop_test(tc, test_hosts, 0, 4);
   tcase_add_test(tc, test_identical);
   tcase_add_test(tc, test_p2p);

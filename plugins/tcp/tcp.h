@@ -79,6 +79,8 @@ struct tcp_peer {
    * closed with the ring empty then says that the peer finalized. */
   int bye_on_sock;
   int mid_send; /* a send stopped inside a frame: no ABORT can follow */
+  int ring_mid; /* the same in the shared-memory ring: the ACK of a
+                 * single-copy receive from this peer waits for its end */
   int watch_off; /* pending data ahead of anything else: stop watching */
   struct tcp_hdr hdr; /* header being read / read but not consumed */
   size_t hgot;        /* bytes of hdr read so far */

@@ -86,17 +86,19 @@ static int progress_send_ring(struct tcp_comm *c, struct tcp_xop *op, const stru
     op->done = sizeof(op->hdr);
     return await_ack(c, op, a);
   }
+  size_t total = sizeof(op->hdr) + op->len;
   if (op->done == 0) {
     long n = tcp_shm_put_frame(p->shm, &op->hdr, op->sbuf, piece(op->len, SHM_PIECE));
     if (n < 0) return 0;
     op->done = sizeof(op->hdr) + (size_t)n;
+    p->ring_mid = op->done < total;
   }
-  size_t total = sizeof(op->hdr) + op->len;
   while (op->done < total) {
     size_t n = tcp_shm_put(p->shm, (const char *)op->sbuf + (op->done - sizeof(op->hdr)), piece(total - op->done, SHM_PIECE));
     if (!n) return 0;
     op->done += n;
   }
+  p->ring_mid = 0;
   op->complete = 1;
   return 0;
 }
@@ -156,6 +158,12 @@ static int progress_recv_cma(struct tcp_comm *c, struct tcp_xop *op, const struc
     op->reduced = op->done;
     if (op->done < op->len) return 0;
   }
+  /* The ACK is a frame of its own in this rank's ring to the peer: while a
+   * send of this step to the same peer is inside its frame there (the
+   * sender chose the single copy, this rank the rings: each side decides
+   * its own sends), it waits for that frame's end, which the peer's
+   * receive makes room for. Written in the middle, it became payload. */
+  if (p->ring_mid) return 0;
   struct tcp_hdr ack = {.magic = TCP_MAGIC, .type = TCP_F_ACK};
   if (tcp_shm_put_frame(p->shm, &ack, NULL, 0) < 0) return 0; /* no room yet: again later */
   p->have_hdr = 0;
