@@ -18,7 +18,7 @@ bash scripts/install-deps.sh
 jobs=$(nproc)
 
 # The suites whose processes run threads of their own.
-threaded_tests="tests/check_store tests/check_init tests/check_faults tests/check_checkpoint tests/check_groups tests/check_p2p tests/elastic_recovery.sh"
+threaded_tests="tests/check_shm_ring tests/check_store tests/check_init tests/check_faults tests/check_checkpoint tests/check_groups tests/check_p2p tests/elastic_recovery.sh"
 
 run_build() { # dir, configure args... (TESTS=... in the environment: only those)
   local dir=$1; shift

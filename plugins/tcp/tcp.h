@@ -382,6 +382,9 @@ size_t tcp_shm_ring_size(size_t want); /* power of two, 64 KiB .. 256 MiB */
  * below it). Smaller rings were tried: with 16 and 32 KiB, check_coll's
  * 3-rank reduce_scatter hung and an all_to_allv mismatch went unnoticed. */
 #define TCP_SHM_RING_MIN ((size_t)65536)
+/* A ring send publishes at most this much at a time, so the reader copies
+ * out while the rest is copied in (tcp_engine.c). */
+#define TCP_SHM_PIECE ((size_t)65536)
 /* DCOMM_SHM_CMA_FWD_MIN=auto: below this forwarded data goes through the
  * rings on every machine measured (a single copy's fixed cost). */
 #define TCP_CMA_FWD_FLOOR ((size_t)1048576)

@@ -55,9 +55,6 @@ static int await_ack(struct tcp_comm *c, struct tcp_xop *op, const struct dcomm_
   return 0;
 }
 
-/* A ring send publishes at most this much at a time, so the reader copies
- * out while the rest is copied in. */
-#define SHM_PIECE ((size_t)65536)
 /* A socket send takes at most this much at a time. Over loopback, whole
  * 1 MiB payloads in one sendmsg made a 2-rank all_reduce of 2 MiB take
  * 780-840 us; 256 KiB pieces 415-420 (64 KiB: 750, too many calls). */
@@ -88,13 +85,13 @@ static int progress_send_ring(struct tcp_comm *c, struct tcp_xop *op, const stru
   }
   size_t total = sizeof(op->hdr) + op->len;
   if (op->done == 0) {
-    long n = tcp_shm_put_frame(p->shm, &op->hdr, op->sbuf, piece(op->len, SHM_PIECE));
+    long n = tcp_shm_put_frame(p->shm, &op->hdr, op->sbuf, piece(op->len, TCP_SHM_PIECE));
     if (n < 0) return 0;
     op->done = sizeof(op->hdr) + (size_t)n;
     p->ring_mid = op->done < total;
   }
   while (op->done < total) {
-    size_t n = tcp_shm_put(p->shm, (const char *)op->sbuf + (op->done - sizeof(op->hdr)), piece(total - op->done, SHM_PIECE));
+    size_t n = tcp_shm_put(p->shm, (const char *)op->sbuf + (op->done - sizeof(op->hdr)), piece(total - op->done, TCP_SHM_PIECE));
     if (!n) return 0;
     op->done += n;
   }

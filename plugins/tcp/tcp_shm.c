@@ -317,8 +317,18 @@ int tcp_shm_get_hdr(struct tcp_shm *s, struct tcp_hdr *h) {
 
 size_t tcp_shm_peek(struct tcp_shm *s, const void **p) {
   uint64_t head = atomic_load_explicit(&s->rx->head, memory_order_relaxed);
-  if (s->tail_seen <= head) s->tail_seen = atomic_load_explicit(&s->rx->tail, memory_order_acquire);
-  size_t off = (size_t)(head & s->mask), avail = (size_t)(s->tail_seen - head), first = s->size - off;
+  if (s->tail_seen <= head) {
+    /* The tail only adds to what is known: the producer stores it after
+     * the stamp that published a header's first piece, so a tail read in
+     * between lags behind what that stamp told, behind head even. Taken
+     * as is, it made the bytes after the first piece (stale ones from the
+     * ring's last lap) look published: a rare wrong element at byte 64 Ki
+     * of large frames when the producer was preempted between the two. */
+    uint64_t tail = atomic_load_explicit(&s->rx->tail, memory_order_acquire);
+    if (tail > s->tail_seen) s->tail_seen = tail;
+  }
+  size_t off = (size_t)(head & s->mask), first = s->size - off;
+  size_t avail = s->tail_seen > head ? (size_t)(s->tail_seen - head) : 0;
   *p = s->rxbuf + off;
   return avail < first ? avail : first;
 }
