@@ -191,7 +191,7 @@ static int reducing_matrix(int rank, int n, const size_t *counts, size_t ncounts
   return 0;
 }
 
-/* Both all_reduce algorithms, forced, give the same exact answers. */
+/* Every flat all_reduce algorithm, forced, gives the same exact answers. */
 static int body_algo(int rank, int n, void *arg) {
   const size_t counts[] = {1, 5, 4099, 300001};
   return reducing_matrix(rank, n, counts, 4);
@@ -217,6 +217,24 @@ START_TEST(test_algo_forced) {
   const char *algo = _i % 2 ? "ring" : "rd";
   setenv("DCOMM_ALGO", algo, 1);
   ck_assert_int_eq(mp_run(3 + _i / 2, body_algo, NULL, 120), 0);
+  unsetenv("DCOMM_ALGO");
+}
+END_TEST
+
+/* Recursive halving + doubling, forced: exact answers and the same bits
+ * on every rank, at a power of two and with 1 and 3 members folded in (5
+ * and 7 ranks: blocks of uneven sizes, counts not divisible by 4). */
+static int body_rhd(int rank, int n, void *arg) {
+  const size_t counts[] = {7, 4099, 300001};
+  if (reducing_matrix(rank, n, counts, 3)) return 1;
+  float bits[30011];
+  return equal_on_all(rank, n, bits, 30011, 7);
+}
+
+START_TEST(test_algo_rhd) {
+  static const int sizes[] = {4, 5, 7};
+  setenv("DCOMM_ALGO", "rhd", 1);
+  ck_assert_int_eq(mp_run(sizes[_i], body_rhd, NULL, 120), 0);
   unsetenv("DCOMM_ALGO");
 }
 END_TEST
@@ -835,6 +853,7 @@ int main(void) {
   tcase_add_test(tc, test_matrix_5);
   tcase_add_loop_test(tc, test_large, 0, 4);
   tcase_add_loop_test(tc, test_algo_forced, 0, 4);
+  tcase_add_loop_test(tc, test_algo_rhd, 0, 3);
   tcase_add_loop_test(tc, test_mixed_single_copy, 0, 2);
   tcase_add_loop_test(tc, test_hosts, 0, 4);
   tcase_add_test(tc, test_identical);

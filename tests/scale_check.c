@@ -135,7 +135,8 @@ send_recv:
   free(b);
 }
 
-/* A large all_reduce (the ring) and broadcast (the chain), checked. */
+/* A large all_reduce (the ring, or halving + doubling from 8 members) and
+ * broadcast (the chain), checked. */
 static void check_large(dcomm_group_t g, const char *label) {
   size_t count = 40000; /* 320 KB: above DCOMM_TCP_SMALL_THRESHOLD */
   int r = dcomm_group_rank(g), n = dcomm_group_size(g);

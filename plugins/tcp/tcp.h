@@ -64,7 +64,7 @@ struct tcp_hdr {
 struct tcp_uq;  /* a queued unexpected p2p message */
 struct tcp_shm; /* a shared-memory link (tcp_shm.c) */
 
-enum tcp_ar_algo { TCP_AR_AUTO = 0, TCP_AR_RING, TCP_AR_RD, TCP_AR_HIER };
+enum tcp_ar_algo { TCP_AR_AUTO = 0, TCP_AR_RING, TCP_AR_RD, TCP_AR_HIER, TCP_AR_RHD };
 enum tcp_bcast_algo { TCP_BCAST_AUTO = 0, TCP_BCAST_TREE, TCP_BCAST_PIPELINE };
 enum tcp_transport { TCP_TR_AUTO = 0, TCP_TR_SHM, TCP_TR_TCP };
 #define TCP_HOST_ID_LEN 112

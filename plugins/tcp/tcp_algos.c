@@ -1,8 +1,11 @@
 /*
  * tcp_algos.c: the collective algorithms of the tcp backend, each a
  * sequence of tcp_xfer steps:
- *   all_reduce      recursive doubling for small messages (latency), ring
- *                   reduce-scatter + all-gather for large ones (bandwidth);
+ *   all_reduce      recursive doubling for small messages (latency); for
+ *                   large ones (bandwidth) the ring reduce-scatter +
+ *                   all-gather, or where the ring's steps are many and
+ *                   small (many ranks) recursive halving + doubling (Rabenseifner:
+ *                   2 log2 n steps instead of 2(n - 1), the same bytes);
  *                   small ones hierarchical when the members span several
  *                   hosts (host-local tree, doubling between the hosts'
  *                   leaders, host-local broadcast: tcp_topo.c's map);
@@ -161,6 +164,64 @@ static int allreduce_rd(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   return 0;
 }
 
+/* Elements [*off, *off + *cnt) of blocks [lo, hi) when count elements are
+ * cut into n blocks. */
+static void blocks(size_t count, int n, int lo, int hi, size_t *off, size_t *cnt) {
+  size_t o2, c2;
+  seg(count, n, lo, off, cnt);
+  seg(count, n, hi - 1, &o2, &c2);
+  *cnt = o2 + c2 - *off;
+}
+
+/* Recursive halving + doubling (Rabenseifner) over p = 2^k members: p
+ * blocks; at each halving step a member keeps half of its blocks,
+ * reducing the partner's copy of them in, and sends the other half, until
+ * it owns block vr alone; then doubling steps gather the blocks back. Each
+ * block is reduced by one member, so every rank ends with the same bits.
+ * The members past p fold in first and get the result last, as in rd. */
+static int allreduce_rhd(struct tcp_comm *c, const struct dcomm_coll_args *a) {
+  size_t es = dcomm_dtype_size(a->dtype), len = a->count * es;
+  int n = c->size, r = c->rank, p = 1;
+  while (p * 2 <= n) p *= 2;
+  int rem = n - p, vr = r < 2 * rem ? (r % 2 ? r / 2 : -1) : r - rem;
+  char *buf = a->recvbuf;
+  if (r < 2 * rem) {
+    if (r % 2 == 0) TCP_CHECK(send1(c, a, r + 1, buf, len, 1));
+    else TCP_CHECK(recv1(c, a, r - 1, buf, len, 1));
+  }
+  if (vr >= 0) {
+    int lo = 0, hi = p;
+    for (int mask = p / 2; mask >= 1; mask >>= 1) {
+      int vpeer = vr ^ mask, peer = vpeer < rem ? vpeer * 2 + 1 : vpeer + rem, mid = lo + (hi - lo) / 2;
+      int klo = vr & mask ? mid : lo, khi = vr & mask ? hi : mid, slo = vr & mask ? lo : mid, shi = vr & mask ? mid : hi;
+      size_t ko, kc, so, sc;
+      blocks(a->count, p, klo, khi, &ko, &kc);
+      blocks(a->count, p, slo, shi, &so, &sc);
+      TCP_CHECK(exchange(c, a, peer, buf + so * es, sc * es, peer, buf + ko * es, kc * es, XF_REDUCE | XF_FWD));
+      lo = klo;
+      hi = khi;
+    }
+    size_t oo, oc;
+    seg(a->count, p, vr, &oo, &oc);
+    finish_avg(c, a, buf + oo * es, oc);
+    for (int mask = 1; mask < p; mask <<= 1) {
+      int vpeer = vr ^ mask, peer = vpeer < rem ? vpeer * 2 + 1 : vpeer + rem, w = hi - lo;
+      int plo = vr & mask ? lo - w : hi;
+      size_t mo, mc, po, pc;
+      blocks(a->count, p, lo, hi, &mo, &mc);
+      blocks(a->count, p, plo, plo + w, &po, &pc);
+      TCP_CHECK(exchange(c, a, peer, buf + mo * es, mc * es, peer, buf + po * es, pc * es, XF_FWD));
+      if (vr & mask) lo = plo;
+      else hi = plo + w;
+    }
+  }
+  if (r < 2 * rem) {
+    if (r % 2 == 0) TCP_CHECK(recv1(c, a, r + 1, buf, len, 0));
+    else TCP_CHECK(send1(c, a, r - 1, buf, len, 1));
+  }
+  return 0;
+}
+
 /* Ring: reduce-scatter so that rank r owns segment r+1, then all-gather. */
 static int allreduce_ring(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   size_t es = dcomm_dtype_size(a->dtype);
@@ -265,14 +326,36 @@ static int allreduce_hier(struct tcp_comm *c, const struct dcomm_coll_args *a) {
  * several hosts; with one member per host or one host it is rd. */
 static int spans_hosts(const struct tcp_comm *c) { return c->topo.nhosts > 1 && c->topo.nhosts < c->size; }
 
+/* Recursive halving + doubling replaces the ring for a large all_reduce
+ * where the ring is bound by its steps, not its bytes: it takes 2 log2 p
+ * steps (plus 2 when n is not a power of two: the members past p fold in,
+ * and those pairs move the whole buffer twice more) against the ring's
+ * 2(n - 1), for the same bytes. It is chosen when the ring takes at least
+ * twice its steps and each ring step would move less than half a ring
+ * piece, bytes / n < TCP_SHM_PIECE / 2: there each ring step is one small
+ * message that costs its wake-up. Where ring steps are larger the ring's
+ * pipeline won (one 2-core host, fastest of 2-3: 8 ranks at 512 KiB,
+ * 64 KiB a step, 744 us against 1534; 32 ranks at 2 MiB 13.7 ms against
+ * 16.2) and below it the halving (32 ranks at 512 KiB, 16 KiB a step,
+ * 12.1 ms against 7.1; 1024 ranks at 1 MiB 26.5 s against 9.8). */
+#define RHD_MAX_STEP_BYTES (TCP_SHM_PIECE / 2)
+static int rhd_pays(int n, size_t bytes) {
+  int p = 1, k = 0;
+  while (p * 2 <= n) p *= 2, k++;
+  int rhd = 2 * k + (p < n ? 2 : 0);
+  return 2 * (n - 1) >= 2 * rhd && bytes / (size_t)n < RHD_MAX_STEP_BYTES;
+}
+
 static int allreduce(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   size_t bytes = a->count * dcomm_dtype_size(a->dtype);
   if (c->size == 1) return 0;
   int algo = c->t.algo;
-  if (algo == TCP_AR_AUTO) algo = (bytes <= c->t.small || a->count < (size_t)c->size) ? TCP_AR_RD : TCP_AR_RING;
-  if (algo == TCP_AR_RING && a->count < (size_t)c->size) algo = TCP_AR_RD;
+  if (algo == TCP_AR_AUTO)
+    algo = (bytes <= c->t.small || a->count < (size_t)c->size) ? TCP_AR_RD : rhd_pays(c->size, bytes) ? TCP_AR_RHD : TCP_AR_RING;
+  if ((algo == TCP_AR_RING || algo == TCP_AR_RHD) && a->count < (size_t)c->size) algo = TCP_AR_RD;
   if (c->t.algo == TCP_AR_AUTO && algo == TCP_AR_RD && spans_hosts(c)) algo = TCP_AR_HIER;
   if (algo == TCP_AR_HIER) return allreduce_hier(c, a);
+  if (algo == TCP_AR_RHD) return allreduce_rhd(c, a);
   return algo == TCP_AR_RING ? allreduce_ring(c, a) : allreduce_rd(c, a);
 }
 

@@ -39,10 +39,10 @@ static int pick(const char *word, size_t len, const char *const *names, int n) {
   return -1;
 }
 
-/* DCOMM_ALGO: "auto", "ring", "rd" and "hier" name all_reduce algorithms;
+/* DCOMM_ALGO: "auto", "ring", "rd", "hier" and "rhd" name all_reduce algorithms;
  * "all_reduce=..." and "broadcast=..." set one collective's. */
 static int parse_algo(struct tcp_tuning *t, const char *s) {
-  static const char *const ar[] = {"auto", "ring", "rd", "hier"}, *const bc[] = {"auto", "tree", "pipeline"};
+  static const char *const ar[] = {"auto", "ring", "rd", "hier", "rhd"}, *const bc[] = {"auto", "tree", "pipeline"};
   const int nar = (int)(sizeof(ar) / sizeof(*ar)), nbc = (int)(sizeof(bc) / sizeof(*bc));
   while (*s) {
     size_t len = strcspn(s, ",");
@@ -83,7 +83,7 @@ static int tcp_read_tuning(const struct dcomm_host *host, struct tcp_tuning *t) 
   const char *algo = host->param("DCOMM_ALGO");
   if (algo && parse_algo(t, algo) < 0)
     return host->err(DCOMM_EINVAL,
-                     "DCOMM_ALGO='%s' is not a comma-separated list of auto, ring, rd, hier, all_reduce=auto|ring|rd|hier, "
+                     "DCOMM_ALGO='%s' is not a comma-separated list of auto, ring, rd, hier, rhd, all_reduce=auto|ring|rd|hier|rhd, "
                      "broadcast=auto|tree|pipeline",
                      algo);
   return 0;
@@ -387,7 +387,7 @@ static const struct dcomm_backend_param tcp_params[] = {
     {"DCOMM_TCP_SMALL_THRESHOLD", "size", "262144",
      "all_reduce messages up to this many bytes use recursive doubling, larger ones the ring; broadcasts: binomial tree, larger ones a pipelined chain."},
     {"DCOMM_ALGO", "str", "auto",
-     "Force tcp algorithms, comma-separated: auto, ring, rd or hier (all_reduce; also all_reduce=...), broadcast=auto|tree|pipeline."},
+     "Force tcp algorithms, comma-separated: auto, ring, rd, hier or rhd (all_reduce; also all_reduce=...), broadcast=auto|tree|pipeline."},
     {"DCOMM_HOST_ID", "str", "",
      "This process's host identity for the tcp backend (default: the kernel's boot id and the host name). Members with equal ids are one host: they link through shared memory, and hierarchical collectives reduce among them first. Set it to split one machine into several hosts (containers that must not share memory, tests)."},
     {"DCOMM_TCP_LINKS", "str", "lazy",
