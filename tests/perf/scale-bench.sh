@@ -43,7 +43,9 @@ for n in $SIZES; do
     t1=$(date +%s.%N)
     line=$(grep '^scale ' "$work/out")
     if [ $rc -ne 0 ] || [ -z "$line" ]; then
-      echo "  $n: failed (exit $rc): $(tail -n 2 "$work/err" | tr '\n' ' ')"
+      keep=/tmp/dcomm-scale-bench-$n-failed.err
+      cp "$work/err" "$keep"
+      echo "  $n: failed (exit $rc): $(tail -n 2 "$work/err" | tr '\n' ' ') (all of its stderr: $keep)"
       continue
     fi
     wall=$(echo "$t1 - $t0" | bc)
