@@ -169,6 +169,16 @@ def case_async():
     assert isinstance(val, list) and val[0] is ts[-1], "the future's value is the list of output tensors"
     for i, t in enumerate(ts):
         same(t, torch.full((1000,), float(sum(r + i for r in range(size)))), f"async all_reduce {i}")
+    # a synchronous call posted behind asynchronous ones runs after them (the calling thread runs it
+    # itself only when the group is idle): a wrong order would pair a MAX of 4 with a SUM of 64 Ki
+    big = [torch.full((1 << 16,), float(rank + i)) for i in range(4)]
+    works = [dist.all_reduce(t, async_op=True) for t in big]
+    small = torch.full((4,), float(rank))
+    dist.all_reduce(small, op=dist.ReduceOp.MAX)
+    same(small, torch.full((4,), float(size - 1)), "sync all_reduce behind async ones")
+    for i, (t, w) in enumerate(zip(big, works)):
+        w.wait()
+        same(t, torch.full((1 << 16,), float(sum(r + i for r in range(size)))), f"async all_reduce {i} before a sync")
     chained = dist.all_reduce(torch.ones(2), async_op=True).get_future().then(lambda f: f.value()[0] * 2)
     same(chained.wait(), torch.full((2,), 2.0 * size), "future.then")
     # irecv before isend on every rank (ring): must not deadlock

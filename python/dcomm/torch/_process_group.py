@@ -4,7 +4,9 @@ torch calls create() for the default group and for every dist.new_group,
 on the group's members only. The default group is dcomm's world; a
 sub-group is a dcomm group made on its members alone
 (dcomm_new_group_named, keyed by torch's group name). Every method posts
-its operation to the group's Executor and returns a Work at once.
+its operation to the group's Executor and returns a Work at once, except
+that an operation torch will wait for at once (async_op=False) runs on the
+calling thread when the group is idle (_caller_waits, Executor.run_now).
 
 dcomm itself is initialized by the first create(): with dcomm's own
 launcher detection when a dcomm launcher started the process (dcomm-run,
@@ -17,6 +19,7 @@ and each operation runs on torch's current stream of the calling thread.
 """
 import os
 import socket
+import sys
 import weakref
 from datetime import timedelta
 
@@ -30,6 +33,7 @@ from ._work import Executor, check, lib
 
 _GROUPS = weakref.WeakSet()  # every live ProcessGroupDcomm, for shutdown_all()
 _DEFAULT_TORCH_TIMEOUT = timedelta(minutes=30)
+_HERE = globals()
 
 
 def _store_host():
@@ -82,6 +86,20 @@ def _opt(opts, name, default):
     return getattr(opts, name, default) if opts is not None else default
 
 
+def _caller_waits():
+    """True when the operation being posted comes from a torch.distributed call made with
+    async_op=False (dist.all_reduce(t), dist.barrier(), ...): torch then waits for the Work right
+    after it is returned, so the operation may as well run now, on this thread. Read from the first
+    Python frame outside this module: C++ (DDP's reducer, a comm hook) or a call with async_op=True
+    gets the executor, and so does any torch whose front end this does not recognise."""
+    f = sys._getframe(2)
+    while f is not None and f.f_globals is _HERE:
+        f = f.f_back
+    if f is None or f.f_globals.get("__name__") != "torch.distributed.distributed_c10d":
+        return False
+    return f.f_locals.get("async_op", True) is False
+
+
 def _list(x):
     return [x] if isinstance(x, torch.Tensor) else list(x)
 
@@ -118,6 +136,10 @@ class ProcessGroupDcomm(ProcessGroup):
             def fn():
                 check(lib.dcomm_set_stream(self._group, stream))
                 inner()
+        if _caller_waits():
+            w = self._exec.run_now(fn, outputs, what)
+            if w is not None:
+                return w
         return self._exec.submit(fn, outputs, what)
 
     def shutdown(self, why="the process group was destroyed", timeout=None):

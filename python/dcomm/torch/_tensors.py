@@ -45,17 +45,28 @@ def units(t):
     return 2 if t.dtype in _COMPLEX else t.element_size()
 
 
+_OP_NAMES = {}  # RedOpType -> name: reading the enum's name costs a microsecond a call
+
+
 def op_name(op):
     """The ReduceOp's name ("SUM", ...) from a ReduceOp, its RedOpType, or None (SUM)."""
     if op is None:
         return "SUM"
     inner = getattr(op, "op", op)  # ReduceOp wraps a RedOpType in torch >= 1.13
+    try:
+        return _OP_NAMES[inner]
+    except (KeyError, TypeError):  # not seen yet, or not hashable
+        pass
     name = getattr(inner, "name", None)
     if name is None:
         for n in _OPS:
             if op == getattr(ReduceOp, n):
                 return n
         return str(op)
+    try:
+        _OP_NAMES[inner] = name  # an enum: a handful of values
+    except TypeError:
+        pass
     return name
 
 

@@ -9,10 +9,12 @@ message arrives (from its peer, or from any peer for recv_anysource), in
 posting order; meanwhile later operations run, so an irecv posted before
 the matching isend of the same rank never deadlocks.
 
-A thread that waits for an operation that is next in line while nothing
-runs (a synchronous call: dist.all_reduce without async_op) runs it itself
-instead of waking the executor and being woken back: two thread wake-ups
-less per call, the order unchanged (run_if_next).
+A synchronous call (dist.all_reduce without async_op: torch waits for the
+Work as soon as it is returned) runs on the calling thread when the group is
+idle (run_now), with no queue and no thread woken; a thread that waits for
+an operation that is next in line while nothing runs runs it itself
+instead of waking the executor and being woken back (run_if_next). Either
+way the order is the posting order.
 
 Work is what the group's calls return: wait() raises the dcomm.Error of a
 failed operation (its real class: PeerLost, Mismatch, ...), get_future()
@@ -35,6 +37,8 @@ from .._lib import has, lib
 
 _LIVE = set()
 _LIVE_LOCK = threading.Lock()
+_FINISHED = threading.Event()  # the _done of every Work made finished (Executor.run_now); never cleared
+_FINISHED.set()
 
 
 def _unwrap(fut):
@@ -47,14 +51,14 @@ def _unwrap(fut):
 class Work(_CWork):
     """The handle of one posted operation."""
 
-    def __init__(self, outputs, what, executor=None):
+    def __init__(self, outputs, what, executor=None, finished=False, exc=None):
         super().__init__()
         self._executor = executor  # for wait(): run the op here when it is next and nobody runs one
         self._outputs = outputs
         self._what = what
-        self._done = threading.Event()
+        self._done = _FINISHED if finished else threading.Event()  # a Work born finished shares one
         self._lock = threading.Lock()
-        self._exc = None
+        self._exc = exc
         self._src = -1
         self._fut = None  # the future handed out: completes with the outputs or an error
         self._base = None
@@ -151,6 +155,24 @@ class Executor:
         w = Work(outputs, what, self)
         self._put((fn, w))
         return w
+
+    def run_now(self, fn, outputs, what):
+        """Runs fn() on the calling thread when nothing of the group is queued or running, and returns
+        its finished Work (an error is in the Work, as from the executor); None when the group is busy
+        (then the caller submits). For a caller that waits right away (see ProcessGroupDcomm._post):
+        the op starts at once either way, without the queue, its locks and two thread wake-ups."""
+        if self._q or not self._run_lock.acquire(blocking=False):
+            return None
+        try:
+            if self._q or self._stopping:
+                return None
+            try:
+                fn()
+            except BaseException as e:  # every failure reaches the Work
+                return Work(outputs, what, finished=True, exc=e)
+            return Work(outputs, what, finished=True)
+        finally:
+            self._run_lock.release()
 
     def run_if_next(self, work):
         """Called by a thread about to wait for work: when work's operation is the next one
