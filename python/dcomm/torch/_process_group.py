@@ -128,7 +128,7 @@ class ProcessGroupDcomm(ProcessGroup):
         return "dcomm"
 
     def _post(self, what, outputs, inputs, fn):
-        T.check_device(inputs + outputs, self._on_gpu)
+        T.check_device(inputs if outputs is inputs else inputs + outputs, self._on_gpu)
         if self._on_gpu:
             stream = torch.cuda.current_stream().cuda_stream
             inner = fn

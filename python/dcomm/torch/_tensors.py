@@ -73,23 +73,24 @@ def op_name(op):
 def reduction(t, op):
     """(dtype, dcomm op, widen_to) for reducing t with op; widen_to is a torch dtype or None."""
     name = op_name(op)
-    if t.dtype == torch.bool:
+    dt = t.dtype  # read once: each read makes a Python object
+    if dt == torch.bool:
         if name not in _BOOL_OPS:
             raise InvalidArgument(-1, f"ReduceOp.{name} is not defined for bool tensors")
         return B.UINT8, _BOOL_OPS[name], None
     if name not in _OPS:
         raise NotSupported(-7, f"ReduceOp.{name} is not supported by the dcomm backend")
-    if t.dtype in _COMPLEX:
+    if dt in _COMPLEX:
         if name not in ("SUM", "AVG"):
             raise InvalidArgument(-1, f"ReduceOp.{name} is not defined for complex tensors")
-        return _COMPLEX[t.dtype], _OPS[name], None
-    if t.dtype in _WIDEN:
-        return _DTYPES[_WIDEN[t.dtype]], _OPS[name], _WIDEN[t.dtype]
-    if t.dtype not in _DTYPES:
-        raise InvalidArgument(-1, f"the dcomm backend cannot reduce {t.dtype} tensors")
-    if name in ("BAND", "BOR", "BXOR") and t.dtype.is_floating_point:
-        raise InvalidArgument(-1, f"ReduceOp.{name} needs an integer tensor, got {t.dtype}")
-    return _DTYPES[t.dtype], _OPS[name], None
+        return _COMPLEX[dt], _OPS[name], None
+    if dt in _WIDEN:
+        return _DTYPES[_WIDEN[dt]], _OPS[name], _WIDEN[dt]
+    if dt not in _DTYPES:
+        raise InvalidArgument(-1, f"the dcomm backend cannot reduce {dt} tensors")
+    if name in ("BAND", "BOR", "BXOR") and dt.is_floating_point:
+        raise InvalidArgument(-1, f"ReduceOp.{name} needs an integer tensor, got {dt}")
+    return _DTYPES[dt], _OPS[name], None
 
 
 class Out:
@@ -115,6 +116,8 @@ def contiguous(t):
 
 def check_device(tensors, on_gpu):
     for t in tensors:
+        if (t.is_cuda if on_gpu else t.is_cpu) and not t.is_sparse:
+            continue  # the common case, in three attribute reads
         if t.device.type not in ("cpu", "cuda"):  # meta, mps, xla, ...: no memory dcomm can address
             raise InvalidArgument(-1, f"a tensor on device '{t.device}' was given, but the dcomm backend takes "
                                       f"{'CUDA' if on_gpu else 'CPU'} tensors on this world "
