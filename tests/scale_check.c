@@ -4,12 +4,13 @@
  * it with 61 and 200 ranks under dcomm-run). Only dcomm.h is used.
  *
  *   scale_check [COUNT]        COUNT: elements per rank and op (default 1000)
- *   scale_check links [COUNT]  the links a rank makes: the collectives that
- *                              need O(log n) peers (all but gather,
- *                              scatter and all_to_all), small and large,
- *                              on the world and on sub-groups of 8, 32 and
- *                              the odd ranks; then the most descriptors
- *                              any rank holds
+ *   scale_check links [COUNT [THIRD]]  the links a rank makes: the
+ *                              collectives that need O(log n) peers (all
+ *                              but gather, scatter and all_to_all), small
+ *                              and large, on the world and on sub-groups
+ *                              of 8, 32 and THIRD odd ranks (default: all
+ *                              of them); then the most descriptors any
+ *                              rank holds
  *
  * Each rank prints nothing on success; a wrong element or a failed call
  * prints what and where on stderr and exits 1. Rank 0 prints
@@ -154,12 +155,12 @@ static void check_large(dcomm_group_t g, const char *label) {
   free(a);
 }
 
-/* Runs on the world and on groups of the first 8 and 32 ranks and of the
- * odd ranks (all alive at once), then reports the most descriptors a rank
- * holds. */
-static void links_mode(size_t count) {
+/* Runs on the world and on groups of the first 8 and 32 ranks and of
+ * third odd ranks (all alive at once), then reports the most descriptors a
+ * rank holds. */
+static void links_mode(size_t count, int third) {
   int n = dcomm_world_size();
-  int sizes[3] = {8, 32, n / 2};
+  int sizes[3] = {8, 32, third > 0 && third <= n / 2 ? third : n / 2};
   dcomm_group_t g[3] = {NULL, NULL, NULL};
   int *members = malloc(sizeof(int) * (size_t)n);
   if (!members) exit(1);
@@ -197,7 +198,7 @@ int main(int argc, char **argv) {
   me_world = dcomm_rank();
   int n = dcomm_world_size();
   if (links) {
-    links_mode(count);
+    links_mode(count, argc > 2 ? atoi(argv[2]) : 0);
     CALL("dcomm_finalize", dcomm_finalize());
     return 0;
   }
