@@ -111,33 +111,61 @@ static void finish_avg(struct tcp_comm *c, const struct dcomm_coll_args *a, void
   if (a->op == DCOMM_AVG) c->ctx->host->scale_div(buf, count, a->dtype, c->size);
 }
 
+/* The largest power of two p <= n (n >= 1), and k = log2 p. */
+static int pow2_floor(int n, int *k) {
+  int p = 1, l = 0;
+  while (p * 2 <= n) p *= 2, l++;
+  if (k) *k = l;
+  return p;
+}
+
+/* Recursive doubling and halving run over p = pow2_floor(n) members: the
+ * first 2(n - p) members pair up, the even one of a pair hands its buffer
+ * to the odd one (fold_in) and gets the result back at the end
+ * (fold_out). vr numbers the p members that take part (-1: folded in). */
+struct fold {
+  int p, rem, vr;
+};
+
+static int fold_in(struct tcp_comm *c, const struct dcomm_coll_args *a, const struct span *sp, struct fold *f) {
+  size_t len = a->count * dcomm_dtype_size(a->dtype);
+  int r = sp->me;
+  f->p = pow2_floor(sp->n, NULL);
+  f->rem = sp->n - f->p;
+  f->vr = r < 2 * f->rem ? (r % 2 ? r / 2 : -1) : r - f->rem;
+  if (r >= 2 * f->rem) return 0;
+  if (r % 2 == 0) TCP_CHECK(send1(c, a, at(sp, r + 1), a->recvbuf, len, 1));
+  else TCP_CHECK(recv1(c, a, at(sp, r - 1), a->recvbuf, len, 1));
+  return 0;
+}
+
+static int fold_out(struct tcp_comm *c, const struct dcomm_coll_args *a, const struct span *sp, const struct fold *f) {
+  size_t len = a->count * dcomm_dtype_size(a->dtype);
+  int r = sp->me;
+  if (r >= 2 * f->rem) return 0;
+  if (r % 2 == 0) TCP_CHECK(recv1(c, a, at(sp, r + 1), a->recvbuf, len, 0));
+  else TCP_CHECK(send1(c, a, at(sp, r - 1), a->recvbuf, len, 1));
+  return 0;
+}
+
+/* The member of the span whose virtual rank is vpeer. */
+static int fold_peer(const struct span *sp, const struct fold *f, int vpeer) {
+  return at(sp, vpeer < f->rem ? vpeer * 2 + 1 : vpeer + f->rem);
+}
+
 /* Recursive doubling over a span, in place in recvbuf; non-powers of two
  * fold the extra members in first. */
 static int rd_span(struct tcp_comm *c, const struct dcomm_coll_args *a, const struct span *sp) {
   const struct dcomm_host *h = c->ctx->host;
-  size_t es = dcomm_dtype_size(a->dtype), len = a->count * es;
-  int n = sp->n, r = sp->me, p = 1;
-  while (p * 2 <= n) p *= 2;
-  int rem = n - p;
+  size_t len = a->count * dcomm_dtype_size(a->dtype);
   char *buf = a->recvbuf;
   char *tmp = tcp_scratch(c, len ? len : 1);
   if (!tmp) return oom(c);
-  int vr;
-  if (r < 2 * rem) {
-    if (r % 2 == 0) {
-      TCP_CHECK(send1(c, a, at(sp, r + 1), buf, len, 1));
-      vr = -1;
-    } else {
-      TCP_CHECK(recv1(c, a, at(sp, r - 1), buf, len, 1));
-      vr = r / 2;
-    }
-  } else {
-    vr = r - rem;
-  }
-  if (vr >= 0) {
-    for (int mask = 1; mask < p; mask <<= 1) {
-      int vpeer = vr ^ mask;
-      int peer = at(sp, vpeer < rem ? vpeer * 2 + 1 : vpeer + rem);
+  struct fold f;
+  TCP_CHECK(fold_in(c, a, sp, &f));
+  if (f.vr >= 0) {
+    for (int mask = 1; mask < f.p; mask <<= 1) {
+      int peer = fold_peer(sp, &f, f.vr ^ mask);
       if (tcp_sends_now(c, peer, len, 1)) {
         /* The whole buffer is in the ring before anything arrives in it:
          * reduce the partner's data straight from the ring. */
@@ -150,11 +178,7 @@ static int rd_span(struct tcp_comm *c, const struct dcomm_coll_args *a, const st
       h->reduce(buf, tmp, a->count, a->dtype, a->op);
     }
   }
-  if (r < 2 * rem) {
-    if (r % 2 == 0) TCP_CHECK(recv1(c, a, at(sp, r + 1), buf, len, 0));
-    else TCP_CHECK(send1(c, a, at(sp, r - 1), buf, len, 1));
-  }
-  return 0;
+  return fold_out(c, a, sp, &f);
 }
 
 static int allreduce_rd(struct tcp_comm *c, const struct dcomm_coll_args *a) {
@@ -180,19 +204,16 @@ static void blocks(size_t count, int n, int lo, int hi, size_t *off, size_t *cnt
  * block is reduced by one member, so every rank ends with the same bits.
  * The members past p fold in first and get the result last, as in rd. */
 static int allreduce_rhd(struct tcp_comm *c, const struct dcomm_coll_args *a) {
-  size_t es = dcomm_dtype_size(a->dtype), len = a->count * es;
-  int n = c->size, r = c->rank, p = 1;
-  while (p * 2 <= n) p *= 2;
-  int rem = n - p, vr = r < 2 * rem ? (r % 2 ? r / 2 : -1) : r - rem;
+  size_t es = dcomm_dtype_size(a->dtype);
+  struct span all = whole(c);
   char *buf = a->recvbuf;
-  if (r < 2 * rem) {
-    if (r % 2 == 0) TCP_CHECK(send1(c, a, r + 1, buf, len, 1));
-    else TCP_CHECK(recv1(c, a, r - 1, buf, len, 1));
-  }
+  struct fold f;
+  TCP_CHECK(fold_in(c, a, &all, &f));
+  int p = f.p, vr = f.vr;
   if (vr >= 0) {
     int lo = 0, hi = p;
     for (int mask = p / 2; mask >= 1; mask >>= 1) {
-      int vpeer = vr ^ mask, peer = vpeer < rem ? vpeer * 2 + 1 : vpeer + rem, mid = lo + (hi - lo) / 2;
+      int peer = fold_peer(&all, &f, vr ^ mask), mid = lo + (hi - lo) / 2;
       int klo = vr & mask ? mid : lo, khi = vr & mask ? hi : mid, slo = vr & mask ? lo : mid, shi = vr & mask ? mid : hi;
       size_t ko, kc, so, sc;
       blocks(a->count, p, klo, khi, &ko, &kc);
@@ -205,7 +226,7 @@ static int allreduce_rhd(struct tcp_comm *c, const struct dcomm_coll_args *a) {
     seg(a->count, p, vr, &oo, &oc);
     finish_avg(c, a, buf + oo * es, oc);
     for (int mask = 1; mask < p; mask <<= 1) {
-      int vpeer = vr ^ mask, peer = vpeer < rem ? vpeer * 2 + 1 : vpeer + rem, w = hi - lo;
+      int peer = fold_peer(&all, &f, vr ^ mask), w = hi - lo;
       int plo = vr & mask ? lo - w : hi;
       size_t mo, mc, po, pc;
       blocks(a->count, p, lo, hi, &mo, &mc);
@@ -215,11 +236,7 @@ static int allreduce_rhd(struct tcp_comm *c, const struct dcomm_coll_args *a) {
       else hi = plo + w;
     }
   }
-  if (r < 2 * rem) {
-    if (r % 2 == 0) TCP_CHECK(recv1(c, a, r + 1, buf, len, 0));
-    else TCP_CHECK(send1(c, a, r - 1, buf, len, 1));
-  }
-  return 0;
+  return fold_out(c, a, &all, &f);
 }
 
 /* Ring: reduce-scatter so that rank r owns segment r+1, then all-gather. */
@@ -340,8 +357,7 @@ static int spans_hosts(const struct tcp_comm *c) { return c->topo.nhosts > 1 && 
  * 12.1 ms against 7.1; 1024 ranks at 1 MiB 26.5 s against 9.8). */
 #define RHD_MAX_STEP_BYTES (TCP_SHM_PIECE / 2)
 static int rhd_pays(int n, size_t bytes) {
-  int p = 1, k = 0;
-  while (p * 2 <= n) p *= 2, k++;
+  int k, p = pow2_floor(n, &k);
   int rhd = 2 * k + (p < n ? 2 : 0);
   return 2 * (n - 1) >= 2 * rhd && bytes / (size_t)n < RHD_MAX_STEP_BYTES;
 }
