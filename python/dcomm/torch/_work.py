@@ -166,7 +166,7 @@ class Executor:
         try:
             if self._q or self._stopping:
                 return None
-            try:
+            try:  # _run's try/except, written out: a shared helper cost this path 0.5 us a call
                 fn()
             except BaseException as e:  # every failure reaches the Work
                 return Work(outputs, what, finished=True, exc=e)
