@@ -105,9 +105,13 @@ notok() {
 status() { in_ns 1 "$run" status --rdzv-backend etcd --rdzv-endpoint "$ep" "$@"; }
 
 # ---- 1: a spare node above MAX; status; the finished job's keys go ----
+# (Cases 1 and 2 want both nodes in the first world: the first round closes
+# as soon as both joined, and a long settle window keeps it open for a node
+# that a loaded machine started late, which would otherwise join later as
+# a scale-up, one generation more.)
 n=$((n + 1)); ckdir=$work/c1
-steps=100 start_node 1 jobS 1:2 "$work/1a" --sleep-ms 60; a=$node_pid
-steps=100 start_node 2 jobS 1:2 "$work/1b" --sleep-ms 60; b=$node_pid
+DCOMM_ELASTIC_SETTLE=10 steps=100 start_node 1 jobS 1:2 "$work/1a" --sleep-ms 60; a=$node_pid
+DCOMM_ELASTIC_SETTLE=10 steps=100 start_node 2 jobS 1:2 "$work/1b" --sleep-ms 60; b=$node_pid
 for _ in $(seq 1 200); do grep -qs "step=10 " "$work/1a.out" "$work/1b.out" && break; sleep 0.05; done
 steps=100 start_node 3 jobS 1:2 "$work/1c" --sleep-ms 60; c=$node_pid
 sleep 2.5 # several checkpoints with the spare waiting
@@ -132,8 +136,8 @@ fi
 
 # ---- 2: an orderly stop (SIGTERM to an agent): the node left ----
 n=$((n + 1)); ckdir=$work/c2
-start_node 1 jobT 1:2 "$work/2a" --sleep-ms 60; a=$node_pid
-start_node 2 jobT 1:2 "$work/2b" --sleep-ms 60; b=$node_pid
+DCOMM_ELASTIC_SETTLE=10 start_node 1 jobT 1:2 "$work/2a" --sleep-ms 60; a=$node_pid
+DCOMM_ELASTIC_SETTLE=10 start_node 2 jobT 1:2 "$work/2b" --sleep-ms 60; b=$node_pid
 for _ in $(seq 1 200); do grep -qs "step=20 " "$work/2a.out" "$work/2b.out" && break; sleep 0.05; done
 if grep -q "node slot 2 " "$work/2b.err"; then victim=$b survivor=$a s=2a v=2b; else victim=$a survivor=$b s=2b v=2a; fi
 kill -TERM "$(agent_of $victim)"
