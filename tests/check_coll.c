@@ -240,7 +240,7 @@ START_TEST(test_algo_rhd) {
 END_TEST
 
 /* Each rank decides alone whether its large sends are single copies
- * (DCOMM_SHM_CMA_FWD_MIN=auto measures per process), so in one exchange a
+ * (DCOMM_SHM_CMA_FWD_MIN=auto times its own calls), so in one exchange a
  * rank may send through the ring while its peer's data comes by single
  * copy: the ACK of that copy must not go into the ring inside the frame
  * being sent (it became payload, and the peer waited for it forever).

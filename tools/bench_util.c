@@ -182,7 +182,7 @@ static long parse_long(const char *s, const char *flag, long min) {
 void bench_parse_args(const struct bench_prog *p, int argc, char **argv, struct bench_opts *o) {
   prog = p;
   *o = (struct bench_opts){.op = OP_ALL_REDUCE, .dti = DCOMM_FLOAT32, .minb = 8, .maxb = 8u << 20, .factor = 2,
-                           .iters = 20, .warmup = 5, .group = 0, .check = 1};
+                           .iters = 20, .warmup = 16, .group = 0, .check = 1};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {

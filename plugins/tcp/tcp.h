@@ -171,10 +171,27 @@ struct tcp_tuning {
                      * with process_vm_readv (0: never) */
   size_t cma_fwd_min; /* the same for data written earlier in the call */
   int cma_fwd_auto;   /* DCOMM_SHM_CMA_FWD_MIN=auto: from 1 MiB where
-                       * tcp_cma_fwd_pays */
+                       * the comm's own calls say it pays (tcp_cma.c) */
 };
 
 struct tcp_req;
+
+/* DCOMM_SHM_CMA_FWD_MIN=auto (tcp_cma.c): size classes (powers of two of
+ * the bytes per rank from TCP_CMA_FWD_FLOOR, the last open-ended) and
+ * timed calls of each way per class. */
+#define TCP_CMA_CLASSES 12
+#define TCP_CMA_TRIALS 6
+#define TCP_CMA_CALLS (2 + 2 * TCP_CMA_TRIALS) /* with the two unmeasured */
+struct tcp_cma_try {
+  unsigned char calls; /* trial calls made; TCP_CMA_CALLS: decided */
+  unsigned char pick;  /* the decision: 1 single copy, 0 rings */
+  double best[2];      /* fastest call through the rings [0], single copy [1] */
+};
+struct tcp_cma_call { /* one trial call */
+  struct tcp_cma_try *t;
+  int coll, cls, mode;
+  double t0;
+};
 
 /* How a communicator's members sit on hosts (tcp_topo.c). */
 struct tcp_topo {
@@ -217,6 +234,8 @@ struct tcp_comm {
   int nlinks;          /* links made (lazily: grows as peers are first used) */
   unsigned park_seen;  /* ctx->park_serial when this comm last adopted */
   struct tcp_topo topo;
+  struct tcp_cma_try cma_try[DCOMM_COLL_COUNT][TCP_CMA_CLASSES];
+  int cma_fwd_now;     /* this call's forwarded data may go by single copy */
   uint64_t uq_serial;  /* unexpected messages completed so far (arrival order) */
   size_t tmp_cap;
   /* request queue (tcp_backend.c) */
@@ -396,9 +415,12 @@ void tcp_shm_set_fd(struct tcp_shm *s, int fd);
 /* The peer's pid if it and this process may read each other's memory
  * with process_vm_readv, else 0. */
 int tcp_shm_cma_pid(const struct tcp_shm *s);
-/* tcp_cma.c: whether the single copy of forwarded data pays here (its
- * rate measured once per process, logged at INFO the first time). */
-int tcp_cma_fwd_pays(const struct tcp_ctx *ctx);
+/* tcp_cma.c: whether the single copy of forwarded data pays, tried on a
+ * comm's first calls of each collective and size class. begin sets
+ * c->cma_fwd_now for the call; it returns 1 when the call is part of a
+ * trial, and then end takes its time. */
+int tcp_cma_fwd_begin(struct tcp_comm *c, const struct dcomm_coll_args *a, struct tcp_cma_call *k);
+void tcp_cma_fwd_end(struct tcp_comm *c, const struct tcp_cma_call *k, int rc);
 void tcp_shm_free(struct tcp_shm *s);
 /* Producer: a header and as much of its payload as fits, published at
  * once: the payload bytes written, or -1 if not even the header fits. Then

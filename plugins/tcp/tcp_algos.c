@@ -568,7 +568,7 @@ static int barrier(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   return 0;
 }
 
-int tcp_run_coll(struct tcp_comm *c, const struct dcomm_coll_args *a) {
+static int run_coll(struct tcp_comm *c, const struct dcomm_coll_args *a) {
   switch (a->coll) {
     case DCOMM_COLL_ALL_REDUCE: return allreduce(c, a);
     case DCOMM_COLL_REDUCE: return c->size == 1 ? 0 : reduce_tree(c, a);
@@ -584,4 +584,12 @@ int tcp_run_coll(struct tcp_comm *c, const struct dcomm_coll_args *a) {
     case DCOMM_COLL_RECV: return tcp_p2p_recv(c, a);
     default: return c->ctx->host->err(DCOMM_ENOTSUP, "tcp: collective %d is not supported", (int)a->coll);
   }
+}
+
+int tcp_run_coll(struct tcp_comm *c, const struct dcomm_coll_args *a) {
+  struct tcp_cma_call k;
+  int timed = tcp_cma_fwd_begin(c, a, &k);
+  int rc = run_coll(c, a);
+  if (timed) tcp_cma_fwd_end(c, &k, rc);
+  return rc;
 }

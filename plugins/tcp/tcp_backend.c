@@ -404,7 +404,7 @@ static const struct dcomm_backend_param tcp_params[] = {
      "Collective payloads of at least this many bytes on a shared-memory link are copied once, by the receiver from the sender's buffer (process_vm_readv); 0: always through the rings."},
     {"DCOMM_SHM_CMA_FWD_MIN", "str", "auto",
      "The same as DCOMM_SHM_CMA_MIN for data the sender wrote earlier in the same collective (partial sums, forwarded blocks); "
-     "auto: from 1 MiB where this process measures process_vm_readv at 75% or more of memcpy's rate (once, at the first such send), else never."},
+     "auto: from 1 MiB where the comm's own first calls of each collective and size class, timed both ways, say it is faster."},
     {"DCOMM_TCP_BUFSIZE", "size", "4194304",
      "Socket send/receive buffer size (bytes) for peer connections; 0 keeps the kernel default."},
     {"DCOMM_TCP_SHRINK", "str", "1",

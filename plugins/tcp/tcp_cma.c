@@ -1,91 +1,86 @@
 /*
  * tcp_cma.c: whether a single copy (process_vm_readv, "CMA") of data the
- * sender wrote earlier in a collective pays on this machine, measured once
- * per process. For such data the rings cost two copies, but they run in
- * parallel on the two processes and from cache-sized pieces; the single
- * copy is one copy done by the reader, through the kernel, which pins the
- * sender's pages first. Where the kernel copies at memory speed (bare
- * metal) the single copy wins; under a hypervisor that makes pinning dear
- * it ran at a third of memcpy's rate and made a 64 MiB all_reduce 2.3x
- * slower than the rings. So, unless DCOMM_SHM_CMA_FWD_MIN gives a size,
- * the first forwarded send large enough asks here: the reader's own loop
- * (process_vm_readv of chunk-sized pieces into one chunk) is timed against
- * memcpy doing the same, best of three each, on 4 MiB (about 1-2 ms).
+ * sender wrote earlier in a collective pays, decided from the collectives'
+ * own times (DCOMM_SHM_CMA_FWD_MIN=auto, the default).
+ *
+ * For such data (all_reduce's partial sums, forwarded ring and tree
+ * blocks) the rings cost two copies, but they run in parallel on the two
+ * processes and from cache-sized pieces; the single copy is one copy done
+ * by the reader, through the kernel, which pins the sender's pages first.
+ * Which wins depends on the machine, by a factor of 1.5-3 either way: on
+ * an AMD EPYC guest the single copy made a 4 MiB all_reduce 3.2x slower,
+ * on an Intel Xeon VM 1.5x faster. A one-process probe of the kernel's
+ * copy rate against memcpy's predicted neither (0.21-0.44 of memcpy on
+ * the first, 0.5 on the second), so nothing here is a rate threshold:
+ * each communicator times the two ways on its own calls.
+ *
+ * Per communicator, collective and size class (a power of two of the
+ * bytes per rank, from TCP_CMA_FWD_FLOOR), the first calls are a trial:
+ * two calls unmeasured, one each way (first-touch page faults, links being
+ * made), then the single copy and the rings alternately, TCP_CMA_TRIALS
+ * calls each; the way with the faster best call is kept for the
+ * communicator's life and logged at INFO. The single copy keeps getting
+ * faster over its first few calls (on the Intel VM a 4 MiB all_reduce took
+ * 670, 510, 470, 430 us on its 1st-4th), so two timed calls each chose the
+ * rings there and six choose the single copy, which a fixed setting
+ * confirms (480-520 us against 700-1130 through the rings). Every member makes the same calls in the same order,
+ * so all switch together and the times compare like with like. A member
+ * may still conclude otherwise than its peers: each frame says how it was
+ * sent, so mixed choices stay correct (check_coll covers them).
+ * A trial call costs at most one slower call of its class; a communicator
+ * makes TCP_CMA_CALLS of them per collective and class it uses.
  */
 #include "config.h"
 #include "tcp.h"
 
-#include <pthread.h>
-#include <stdatomic.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/uio.h>
-#include <time.h>
-#include <unistd.h>
+#include <stdio.h>
 
-/* The single copy is chosen when the kernel copies at least this share of
- * memcpy's rate: the rings' second copy overlaps on the other process, so
- * the single copy must come near memcpy to save anything. */
-#define CMA_PAYS_SHARE 0.75
-#define CMA_PROBE_BYTES ((size_t)4 << 20)
-#define CMA_PROBE_PIECE ((size_t)256 << 10)
-
-static pthread_once_t measured = PTHREAD_ONCE_INIT;
-static double kernel_gbps, memcpy_gbps;
-static int pays;
-static atomic_int told;
-
-static double mono(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+static int size_class(const struct dcomm_coll_args *a) {
+  size_t bytes = a->count * dcomm_dtype_size(a->dtype);
+  if (bytes < TCP_CMA_FWD_FLOOR) return -1;
+  int k = 0;
+  while (k + 1 < TCP_CMA_CLASSES && bytes >= TCP_CMA_FWD_FLOOR << (k + 1)) k++;
+  return k;
 }
 
-/* Seconds for one pass over src in pieces into dst, by memcpy or by the
- * kernel; a negative value when process_vm_readv failed. */
-static double one_pass(char *src, char *dst, int kernel) {
-  pid_t self = getpid();
-  double t = mono();
-  for (size_t off = 0; off < CMA_PROBE_BYTES; off += CMA_PROBE_PIECE) {
-    if (!kernel) {
-      memcpy(dst, src + off, CMA_PROBE_PIECE);
-      continue;
-    }
-    struct iovec lo = {dst, CMA_PROBE_PIECE}, re = {src + off, CMA_PROBE_PIECE};
-    if (process_vm_readv(self, &lo, 1, &re, 1, 0) != (ssize_t)CMA_PROBE_PIECE) return -1;
+int tcp_cma_fwd_begin(struct tcp_comm *c, const struct dcomm_coll_args *a, struct tcp_cma_call *k) {
+  c->cma_fwd_now = 0;
+  if (!c->t.cma_fwd_auto || !c->t.cma_min || c->ctx->transport == TCP_TR_TCP || c->topo.nlocal < 2 || a->coll <= DCOMM_COLL_NONE ||
+      a->coll >= DCOMM_COLL_COUNT)
+    return 0;
+  int cls = size_class(a);
+  if (cls < 0) return 0;
+  struct tcp_cma_try *t = &c->cma_try[a->coll][cls];
+  if (t->calls >= TCP_CMA_CALLS) { /* decided */
+    c->cma_fwd_now = t->pick;
+    return 0;
   }
-  __asm__ volatile("" ::"r"(dst) : "memory"); /* the copies are used */
-  return mono() - t;
+  k->t = t;
+  k->coll = a->coll;
+  k->cls = cls;
+  /* Calls 0 and 1 unmeasured, through the rings and by single copy (each
+   * way's first use is slow: faults, pinning), then the single copy on
+   * even calls and the rings on odd ones. */
+  k->mode = t->calls < 2 ? -1 : t->calls % 2 == 0;
+  c->cma_fwd_now = t->calls < 2 ? t->calls : k->mode;
+  k->t0 = c->ctx->host->now();
+  return 1;
 }
 
-static void measure(void) {
-  char *src = malloc(CMA_PROBE_BYTES), *dst = malloc(CMA_PROBE_PIECE);
-  if (src && dst) {
-    memset(src, 1, CMA_PROBE_BYTES);
-    memset(dst, 0, CMA_PROBE_PIECE);
-    double best[2] = {1e9, 1e9};
-    for (int rep = 0; rep < 3 && best[1] > 0; rep++)
-      for (int k = 0; k < 2; k++) {
-        double t = one_pass(src, dst, k);
-        if (t < 0) best[1] = -1;
-        else if (t < best[k]) best[k] = t;
-      }
-    if (best[1] > 0 && best[0] > 0) {
-      memcpy_gbps = (double)CMA_PROBE_BYTES / best[0] / 1e9;
-      kernel_gbps = (double)CMA_PROBE_BYTES / best[1] / 1e9;
-      pays = kernel_gbps >= CMA_PAYS_SHARE * memcpy_gbps;
-    }
-  }
-  free(src);
-  free(dst);
-}
-
-int tcp_cma_fwd_pays(const struct tcp_ctx *ctx) {
-  pthread_once(&measured, measure);
-  if (!atomic_exchange(&told, 1))
-    TCP_LOG(ctx, INFO,
-            "single copy of forwarded data: %s (process_vm_readv %.2f GB/s, memcpy %.2f GB/s, 4 MiB in 256 KiB "
-            "pieces; the single copy needs %.0f%% of memcpy's rate; DCOMM_SHM_CMA_FWD_MIN sets a size instead)",
-            pays ? "on" : "off", kernel_gbps, memcpy_gbps, CMA_PAYS_SHARE * 100);
-  return pays;
+void tcp_cma_fwd_end(struct tcp_comm *c, const struct tcp_cma_call *k, int rc) {
+  double dt = c->ctx->host->now() - k->t0;
+  struct tcp_cma_try *t = k->t;
+  c->cma_fwd_now = 0;
+  if (rc < 0) return; /* a failed call says nothing; the comm is broken anyway */
+  if (k->mode >= 0 && (t->best[k->mode] <= 0 || dt < t->best[k->mode])) t->best[k->mode] = dt;
+  if (++t->calls < TCP_CMA_CALLS) return;
+  t->pick = t->best[1] < t->best[0];
+  size_t mib = (TCP_CMA_FWD_FLOOR << k->cls) >> 20;
+  char range[48];
+  if (k->cls + 1 < TCP_CMA_CLASSES) snprintf(range, sizeof(range), "%zu-%zu MiB", mib, 2 * mib);
+  else snprintf(range, sizeof(range), "%zu MiB or more", mib);
+  TCP_LOG(c->ctx, INFO,
+          "%s: single copy of forwarded data in %s of %s per rank: %s (fastest call %.1f us with it, %.1f us "
+          "through the rings; DCOMM_SHM_CMA_FWD_MIN sets a size instead)",
+          c->label, tcp_coll_name(k->coll), range, t->pick ? "on" : "off", t->best[1] * 1e6, t->best[0] * 1e6);
 }

@@ -34,7 +34,7 @@
 static int use_cma(const struct tcp_comm *c, const struct tcp_peer *p, int type, size_t len, int fwd) {
   size_t min = fwd ? c->t.cma_fwd_min : c->t.cma_min;
   if (!c->t.cma_min || type != TCP_F_DATA || len < min || !tcp_shm_cma_pid(p->shm)) return 0;
-  return !fwd || !c->t.cma_fwd_auto || tcp_cma_fwd_pays(c->ctx);
+  return !fwd || !c->t.cma_fwd_auto || c->cma_fwd_now;
 }
 
 /* A single-copy send is complete once the peer's TCP_F_ACK arrives; it

@@ -36,7 +36,7 @@
 #   NPS      rank counts (default: 2 4)
 #   MINSIZE  smallest size (default 8)
 #   MAXSIZE  largest size for every op (default: 64M for all_reduce, 4M for the others)
-#   FACTOR   size step (default 4)    DTYPE (float32)   ITERS (20)   WARMUP (5)
+#   FACTOR   size step (default 4)    DTYPE (float32)   ITERS (20)   WARMUP (16)
 #   REPS     runs of each side, interleaved (mpi, dcomm, gloo, then again);
 #            per size the fastest is shown (default 1, 3 with --check; 3 is
 #            steadier on a busy machine)
@@ -62,7 +62,7 @@ MINSIZE=${MINSIZE:-8}
 FACTOR=${FACTOR:-4}
 DTYPE=${DTYPE:-float32}
 ITERS=${ITERS:-20}
-WARMUP=${WARMUP:-5}
+WARMUP=${WARMUP:-16}
 TIMEOUT=${TIMEOUT:-300}
 if [ "$check" -eq 1 ]; then REPS=${REPS:-3}; else REPS=${REPS:-1}; fi
 MPIFLAGS=${MPIFLAGS:-}
