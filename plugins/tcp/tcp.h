@@ -236,6 +236,7 @@ struct tcp_comm {
   struct tcp_topo topo;
   struct tcp_cma_try cma_try[DCOMM_COLL_COUNT][TCP_CMA_CLASSES];
   int cma_fwd_now;     /* this call's forwarded data may go by single copy */
+  int cma_fwd_asked;   /* this call had forwarded data that could */
   uint64_t uq_serial;  /* unexpected messages completed so far (arrival order) */
   size_t tmp_cap;
   /* request queue (tcp_backend.c) */

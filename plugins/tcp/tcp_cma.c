@@ -28,7 +28,8 @@
  * may still conclude otherwise than its peers: each frame says how it was
  * sent, so mixed choices stay correct (check_coll covers them).
  * A trial call costs at most one slower call of its class; a communicator
- * makes TCP_CMA_CALLS of them per collective and class it uses.
+ * makes TCP_CMA_CALLS of them per collective and class it uses. Only calls
+ * that had forwarded data the single copy could take count.
  */
 #include "config.h"
 #include "tcp.h"
@@ -44,7 +45,7 @@ static int size_class(const struct dcomm_coll_args *a) {
 }
 
 int tcp_cma_fwd_begin(struct tcp_comm *c, const struct dcomm_coll_args *a, struct tcp_cma_call *k) {
-  c->cma_fwd_now = 0;
+  c->cma_fwd_now = c->cma_fwd_asked = 0;
   if (!c->t.cma_fwd_auto || !c->t.cma_min || c->ctx->transport == TCP_TR_TCP || c->topo.nlocal < 2 || a->coll <= DCOMM_COLL_NONE ||
       a->coll >= DCOMM_COLL_COUNT)
     return 0;
@@ -71,7 +72,10 @@ void tcp_cma_fwd_end(struct tcp_comm *c, const struct tcp_cma_call *k, int rc) {
   double dt = c->ctx->host->now() - k->t0;
   struct tcp_cma_try *t = k->t;
   c->cma_fwd_now = 0;
-  if (rc < 0) return; /* a failed call says nothing; the comm is broken anyway */
+  /* A failed call says nothing (the comm is broken anyway), nor does one
+   * whose forwarded data could not go by single copy (all_gather on one
+   * host is direct; small pieces at many ranks; peers over TCP). */
+  if (rc < 0 || !c->cma_fwd_asked) return;
   if (k->mode >= 0 && (t->best[k->mode] <= 0 || dt < t->best[k->mode])) t->best[k->mode] = dt;
   if (++t->calls < TCP_CMA_CALLS) return;
   t->pick = t->best[1] < t->best[0];

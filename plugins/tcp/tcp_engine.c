@@ -31,10 +31,12 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
-static int use_cma(const struct tcp_comm *c, const struct tcp_peer *p, int type, size_t len, int fwd) {
+static int use_cma(struct tcp_comm *c, const struct tcp_peer *p, int type, size_t len, int fwd) {
   size_t min = fwd ? c->t.cma_fwd_min : c->t.cma_min;
   if (!c->t.cma_min || type != TCP_F_DATA || len < min || !tcp_shm_cma_pid(p->shm)) return 0;
-  return !fwd || !c->t.cma_fwd_auto || c->cma_fwd_now;
+  if (!fwd || !c->t.cma_fwd_auto) return 1;
+  c->cma_fwd_asked = 1; /* this call's time says something about the choice */
+  return c->cma_fwd_now;
 }
 
 /* A single-copy send is complete once the peer's TCP_F_ACK arrives; it
