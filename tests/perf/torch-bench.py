@@ -7,7 +7,7 @@ slowest rank's):
     dcomm-run --quiet-prefix --nproc-per-node 2 -- python3 tests/perf/torch-bench.py gloo
 
 Prints, on rank 0, `allreduce <bytes> <us>` rows (float32, 8 B to 64 MiB:
-warm-up, barrier, back-to-back calls, slowest rank's mean) and one
+16 warm-up calls, barrier, back-to-back calls, slowest rank's mean) and one
 `ddp_step <us>` row (a 3-layer MLP, 1M parameters, batch 32 per rank).
 tests/perf/compare-torch.sh runs both backends interleaved, fastest of 3.
 """
@@ -20,8 +20,11 @@ import torch.distributed as dist
 import dcomm.torch  # noqa: F401
 
 
-def timed(fn, iters):
-    fn()
+def timed(fn, iters, warmup=16):
+    # 16 untimed calls, as dcomm-bench: they cover the tcp backend's trial
+    # of the single copy (its first 14 calls of each size from 1 MiB)
+    for _ in range(warmup):
+        fn()
     dist.barrier()
     t0 = time.perf_counter()
     for _ in range(iters):
