@@ -425,6 +425,12 @@ static void drain(struct agent *a) {
     for (int k = 0; k < 2; k++) run_stream_close(&a->w[i]->s[k], a->w[i]->rank, a->o.quiet_prefix);
 }
 
+/* What the start message says about OMP_NUM_THREADS (run_proc.c sets it
+ * to 1 for several workers when unset, as torchrun does). */
+static const char *omp_note(const struct agent *a) {
+  return a->o.nproc > 1 && !getenv("OMP_NUM_THREADS") ? "; OMP_NUM_THREADS=1 for each, set it to change that" : "";
+}
+
 /* DCOMM_HEARTBEAT_TIMEOUT; the registry has warned about a malformed value. */
 static int run_job(struct agent *a) {
   if (a->o.etcd) {
@@ -432,18 +438,18 @@ static int run_job(struct agent *a) {
       run_log("etcd rendezvous at %s failed: %s", endpoint(a), dcomm_last_error());
       return 1;
     }
-    run_log("node slot %d of job %s (etcd %s, --nnodes %d:%d): starting %d worker%s of '%s' (policy %s)", a->slot,
+    run_log("node slot %d of job %s (etcd %s, --nnodes %d:%d): starting %d worker%s of '%s' (policy %s%s)", a->slot,
             a->o.job_id, endpoint(a), a->o.min_nodes, a->o.max_nodes, a->o.nproc, a->o.nproc == 1 ? "" : "s",
-            a->o.argv[0], run_policy_name(a->o.policy));
+            a->o.argv[0], run_policy_name(a->o.policy), omp_note(a));
   } else {
     int rc = agent_store_start(a);
     if (rc < 0) {
       run_log("cannot host the store on %s: %s", endpoint(a), dcomm_last_error());
       return 1;
     }
-    run_log("starting %d worker%s of '%s' (endpoint %s, job id %s, policy %s, max restarts %d)", a->o.nproc,
+    run_log("starting %d worker%s of '%s' (endpoint %s, job id %s, policy %s, max restarts %d%s)", a->o.nproc,
             a->o.nproc == 1 ? "" : "s", a->o.argv[0], endpoint(a), a->o.job_id, run_policy_name(a->o.policy),
-            a->o.max_restarts);
+            a->o.max_restarts, omp_note(a));
   }
   a->phase = PH_RUN;
   spawn_all(a);

@@ -59,6 +59,20 @@ for r in 0 1 2; do
 done
 result "$([ -z "$why" ]; echo $?)" "3 workers print prefixed lines with RANK, WORLD_SIZE, LOCAL_RANK" "$why"
 
+# ---- 1b: OMP_NUM_THREADS, as torchrun sets it: 1 for several workers when
+# unset; a value the user set is kept; a lone worker gets none ----
+w=$(worker w1b.sh 'echo "omp=${OMP_NUM_THREADS-unset}"')
+why=
+(unset OMP_NUM_THREADS; run_job --nproc-per-node 2 -- "$w"; echo "$rc" >"$T/rc1b")
+[ "$(cat "$T/rc1b")" = 0 ] && [ "$(grep -c ': omp=1$' "$T/out")" = 2 ] || why="2 workers, unset: $(tr '\n' ' ' <"$T/out")"
+grep -q "OMP_NUM_THREADS=1 for each" "$T/err" || why="${why:+$why; }the start message does not say so"
+OMP_NUM_THREADS=3 run_job --nproc-per-node 2 -- "$w"
+[ "$rc" = 0 ] && [ "$(grep -c ': omp=3$' "$T/out")" = 2 ] && ! grep -q "OMP_NUM_THREADS=1" "$T/err" ||
+  why="${why:+$why; }2 workers, OMP_NUM_THREADS=3: $(tr '\n' ' ' <"$T/out")"
+(unset OMP_NUM_THREADS; run_job --nproc-per-node 1 -- "$w"; echo "$rc" >"$T/rc1b")
+[ "$(cat "$T/rc1b")" = 0 ] && grep -q 'omp=unset$' "$T/out" || why="${why:+$why; }1 worker: $(tr '\n' ' ' <"$T/out")"
+result "$([ -z "$why" ]; echo $?)" "OMP_NUM_THREADS=1 for each of several workers when unset (as torchrun); a set value is kept; one worker gets none" "$why"
+
 # ---- 2: policy all, --max-restarts 2: three launches, then exit 1 ----
 w=$(worker w2.sh 'echo "$DCOMM_RESTART_COUNT" >>"$T/count2"; exit 3')
 run_job --nproc-per-node 2 --restart-policy all --max-restarts 2 -- "$w"
