@@ -425,10 +425,9 @@ static void drain(struct agent *a) {
     for (int k = 0; k < 2; k++) run_stream_close(&a->w[i]->s[k], a->w[i]->rank, a->o.quiet_prefix);
 }
 
-/* What the start message says about OMP_NUM_THREADS (run_proc.c sets it
- * to 1 for several workers when unset, as torchrun does). */
+/* What the start message says about OMP_NUM_THREADS (run_omp_one). */
 static const char *omp_note(const struct agent *a) {
-  return a->o.nproc > 1 && !getenv("OMP_NUM_THREADS") ? "; OMP_NUM_THREADS=1 for each, set it to change that" : "";
+  return run_omp_one(a->o.nproc) ? "; OMP_NUM_THREADS=1 for each, set it to change that" : "";
 }
 
 /* DCOMM_HEARTBEAT_TIMEOUT; the registry has warned about a malformed value. */

@@ -88,6 +88,10 @@ struct run_env {
   int cpu;           /* the processor to bind the worker to, or -1 */
 };
 
+/* run_proc.c: whether each of nproc workers gets OMP_NUM_THREADS=1 (as
+ * torchrun: several workers, the variable unset here). */
+int run_omp_one(int nproc);
+
 /* run_bind.c: the processor for the worker of local_rank, or -1 (unbound). */
 int run_bind_cpu(enum run_bind mode, int nproc, int local_rank);
 

@@ -263,13 +263,15 @@ static int is_owned(const char *kv) {
   return 0;
 }
 
+/* Several workers on a node each get one OpenMP thread unless the user
+ * said otherwise: each would start one per processor. */
+int run_omp_one(int nproc) { return nproc > 1 && !getenv("OMP_NUM_THREADS"); }
+
 static int build_env(struct envbuf *e, int rank, int join, const char *member, const struct run_env *re) {
   memset(e, 0, sizeof(*e));
   for (char **p = environ; p && *p; p++)
     if (!is_owned(*p)) env_push(e, strdup(*p));
-  /* As torchrun: several workers on a node each get one OpenMP thread
-   * unless the user said otherwise (each would start one per processor). */
-  if (re->world > 1 && !getenv("OMP_NUM_THREADS")) env_setf(e, "OMP_NUM_THREADS=1");
+  if (run_omp_one(re->world)) env_setf(e, "OMP_NUM_THREADS=1");
   if (re->etcd) {
     /* Ranks are assigned when the nodes meet: the workers join through
      * etcd, and read dcomm_rank() / dcomm_world_size() once initialized. */

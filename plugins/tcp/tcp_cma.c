@@ -23,8 +23,9 @@
  * faster over its first few calls (on the Intel VM a 4 MiB all_reduce took
  * 670, 510, 470, 430 us on its 1st-4th), so two timed calls each chose the
  * rings there and six choose the single copy, which a fixed setting
- * confirms (480-520 us against 700-1130 through the rings). Every member makes the same calls in the same order,
- * so all switch together and the times compare like with like. A member
+ * confirms (480-520 us against 700-1130 through the rings). Every member
+ * makes the same calls in the same order, so all switch together and the
+ * times compare like with like. A member
  * may still conclude otherwise than its peers: each frame says how it was
  * sent, so mixed choices stay correct (check_coll covers them).
  * A trial call costs at most one slower call of its class; a communicator
