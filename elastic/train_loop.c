@@ -124,6 +124,22 @@ static int joiners_waiting(int *grow) {
   return 0;
 }
 
+/* Why a scale-up ends the generation: the revoke notice that the first
+ * member to recover posts says so (dcomm_elastic_recover writes its last
+ * error into it). */
+#define SCALE_UP_WHY "scale-up: admitting members that wait to join"
+
+/* Whether this generation was revoked for a scale-up. The members that
+ * learn it move on to the next generation at once and revoke this one, so
+ * a member still inside the checkpoint's or the joiner check's broadcast
+ * sees its communicator aborted: that is the scale-up, not a failure. */
+static int revoked_for_scale_up(int rc) {
+  char key[64], why[512];
+  if (rc != DCOMM_EREVOKED || !dcomm__w.elastic) return 0;
+  snprintf(key, sizeof(key), DCOMM_KEY_REVOKE_FMT, dcomm__w.generation);
+  return dcomm__store_peek(dcomm__w.jstore, key, why, sizeof(why)) == 1 && strstr(why, SCALE_UP_WHY) != NULL;
+}
+
 /* The error a run ends with when it has used DCOMM_ELASTIC_MAX_RECOVERIES:
  * the failure's own message, and why it was not repaired. */
 static int gave_up(int rc, long max_rec) {
@@ -160,8 +176,9 @@ int dcomm_elastic_run(const dcomm_elastic_config_t *cfg) {
       if (dcomm__w.elastic && dcomm_rank() == 0) dcomm__store_set(dcomm__w.jstore, DCOMM_KEY_DONE, "1", 2);
       return 0;
     }
+    if (!grow && revoked_for_scale_up(rc)) grow = 1;
     if (grow) {
-      dcomm__err(0, "scale-up: admitting members that wait to join");
+      dcomm__err(0, SCALE_UP_WHY);
     } else if (!dcomm_elastic_recoverable(rc) || !dcomm__w.elastic) {
       return rc;
     } else if (recoveries >= max_rec) {
